@@ -1,0 +1,32 @@
+"""autolayout: an auto-parallelization planner for JAX.
+
+Trace a training step into ops over named dims, price every way of splitting it on a
+hardware profile, and choose the layout and the mesh shape.
+
+    >>> import autolayout as al
+    >>> hw = al.hardware("tpu-v4-256")
+    >>> hw.num_devices
+    128
+"""
+
+from ._errors import AutolayoutError as AutolayoutError
+from ._errors import HardwareError as HardwareError
+from ._errors import ModelFileError as ModelFileError
+from ._errors import TraceError as TraceError
+from ._errors import WorkloadError as WorkloadError
+from ._hardware import Hardware as Hardware
+from ._hardware import hardware as hardware
+from ._hardware import list_profiles as list_profiles
+from ._ir import Dim as Dim
+from ._ir import Graph as Graph
+from ._ir import Loop as Loop
+from ._ir import Op as Op
+from ._ir import Tensor as Tensor
+from ._ir import check_graph as check_graph
+from ._trace import trace as trace
+from ._workload import Spec as Spec
+from ._workload import Workload as Workload
+from ._workload import load_workload as load_workload
+from ._workload import spec as spec
+
+__version__ = "0.1.0"

@@ -1,0 +1,381 @@
+"""Per-primitive dim rules: which axes of an equation's inputs and outputs are the same axis.
+
+A rule is ``rule(b, eqn, ins, outs) -> (params, flops)``. ``ins`` and ``outs`` are the tensor
+ids the builder ``b`` assigned to the equation's variables (``None`` for a literal);
+``b.link((t, axis), (t2, axis2), ...)`` says those axes are one iteration axis of the op
+(it ignores pairs whose sizes differ or are 1). ``params`` is a dict of plain values the
+cost model needs (which axes are contracted, gathered, windowed...), ``flops`` the op's
+floating-point work when run once, unsplit.
+
+Rules are registered per primitive name in :data:`DIM_RULES`, beside what they describe,
+the way jax keeps ``dce_rules``. A primitive without a rule becomes an opaque op.
+Higher-order primitives (jit, scan, remat, ...) are walked by ``_trace.py`` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Builder(Protocol):
+    def shape(self, t: int | None) -> tuple[int, ...]: ...
+    def link(self, *axes: tuple[int | None, int]) -> None: ...
+
+
+Rule = Callable[[Builder, Any, list, list], tuple[dict[str, Any], float]]
+DIM_RULES: dict[str, Rule] = {}
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            DIM_RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+# --- elementwise ----------------------------------------------------------------------------
+
+ELEMENTWISE = (
+    "abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp complex conj "
+    "convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 "
+    "floor ge gt igamma igammac imag integer_pow is_finite le lgamma log log1p logistic lt max "
+    "min mul ne neg nextafter not or population_count pow real reduce_precision rem round rsqrt "
+    "select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square "
+    "stop_gradient sub tan tanh xor clz polygamma zeta bessel_i0e bessel_i1e optimization_barrier"
+).split()
+
+
+@register(*ELEMENTWISE)
+def _elementwise(b, eqn, ins, outs):
+    for o in outs:
+        oshape = b.shape(o)
+        for i in ins:
+            if i is not None and b.shape(i) == oshape:
+                for ax in range(len(oshape)):
+                    b.link((o, ax), (i, ax))
+    return {}, float(_size(b.shape(outs[0]))) if outs else 0.0
+
+
+@register("rev")
+def _rev(b, eqn, ins, outs):
+    _elementwise(b, eqn, ins, outs)
+    return {"reversed_axes": tuple(eqn.params["dimensions"])}, 0.0
+
+
+@register("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+def _cumulative(b, eqn, ins, outs):
+    _, flops = _elementwise(b, eqn, ins, outs)
+    return {"scan_axis": eqn.params["axis"], "reverse": bool(eqn.params.get("reverse", False))}, flops
+
+
+# --- contractions ---------------------------------------------------------------------------
+
+
+@register("dot_general")
+def _dot_general(b, eqn, ins, outs):
+    lhs, rhs = ins
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    ls, rs, out = b.shape(lhs), b.shape(rhs), outs[0]
+    for li, ri in zip(lc, rc, strict=True):
+        b.link((lhs, li), (rhs, ri))
+    k = 0
+    for li, ri in zip(lb, rb, strict=True):
+        b.link((lhs, li), (rhs, ri), (out, k))
+        k += 1
+    for li in range(len(ls)):
+        if li not in lc and li not in lb:
+            b.link((lhs, li), (out, k))
+            k += 1
+    for ri in range(len(rs)):
+        if ri not in rc and ri not in rb:
+            b.link((rhs, ri), (out, k))
+            k += 1
+    contracted = _size(tuple(ls[i] for i in lc))
+    params = {"contracting": tuple(zip(lc, rc)), "batch": tuple(zip(lb, rb))}
+    return params, 2.0 * _size(b.shape(out)) * contracted
+
+
+@register("conv_general_dilated")
+def _conv(b, eqn, ins, outs):
+    """Forward convs link input and output spatial axes of equal size; the weight-gradient
+    form (the kernel is the size of the input) links input and kernel spatial axes instead.
+    Strided and dilated axes are windowed relations, recorded for the halo cost."""
+    p = eqn.params
+    lhs, rhs = ins
+    out = outs[0]
+    dn = p["dimension_numbers"]
+    lb, lf, *lsp = dn.lhs_spec
+    ro, ri, *rsp = dn.rhs_spec
+    ob, of, *osp = dn.out_spec
+    ls, rs, os_ = b.shape(lhs), b.shape(rhs), b.shape(out)
+    if p["batch_group_count"] == 1:
+        b.link((lhs, lb), (out, ob))
+    if p["feature_group_count"] == 1 and p["batch_group_count"] == 1:
+        b.link((lhs, lf), (rhs, ri))
+    b.link((rhs, ro), (out, of))
+    spatial = []
+    for i, (la, ra, oa) in enumerate(zip(lsp, rsp, osp, strict=True)):
+        if ls[la] == os_[oa]:
+            b.link((lhs, la), (out, oa))
+            pairing = "out"
+        elif ls[la] == rs[ra]:
+            b.link((lhs, la), (rhs, ra))
+            pairing = "kernel"
+        else:
+            pairing = "window"
+        spatial.append(
+            {
+                "lhs": la,
+                "rhs": ra,
+                "out": oa,
+                "window": rs[ra],
+                "stride": p["window_strides"][i],
+                "padding": tuple(p["padding"][i]),
+                "lhs_dilation": p["lhs_dilation"][i],
+                "rhs_dilation": p["rhs_dilation"][i],
+                "pairing": pairing,
+            }
+        )
+    per_out = _size(rs) / rs[ro]
+    params = {
+        "spatial": tuple(tuple(sorted(s.items())) for s in spatial),
+        "feature_group_count": p["feature_group_count"],
+        "batch_group_count": p["batch_group_count"],
+    }
+    return params, 2.0 * _size(os_) * per_out
+
+
+# --- shape changes --------------------------------------------------------------------------
+
+
+@register("broadcast_in_dim")
+def _broadcast(b, eqn, ins, outs):
+    op, out = ins[0], outs[0]
+    if op is not None:
+        for i, o in enumerate(eqn.params["broadcast_dimensions"]):
+            b.link((op, i), (out, int(o)))
+    return {"broadcast_dimensions": tuple(int(d) for d in eqn.params["broadcast_dimensions"])}, 0.0
+
+
+@register("transpose")
+def _transpose(b, eqn, ins, outs):
+    perm = eqn.params["permutation"]
+    for o, i in enumerate(perm):
+        b.link((ins[0], i), (outs[0], o))
+    return {"permutation": tuple(perm)}, 0.0
+
+
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Pairs of axis groups whose sizes multiply to the same number (size-1 axes left out).
+
+    ``(8, 12, 64) -> (8, 768)`` gives ``[((0,), (0,)), ((1, 2), (1,))]``: axis 0 is kept,
+    axes 1 and 2 merge into one.
+    """
+    si = [i for i, s in enumerate(src) if s != 1]
+    di = [i for i, s in enumerate(dst) if s != 1]
+    groups = []
+    a = c = 0
+    while a < len(si) and c < len(di):
+        ga, gc = [si[a]], [di[c]]
+        pa, pc = src[si[a]], dst[di[c]]
+        a, c = a + 1, c + 1
+        while pa != pc:
+            if pa < pc:
+                ga.append(si[a])
+                pa *= src[si[a]]
+                a += 1
+            else:
+                gc.append(di[c])
+                pc *= dst[di[c]]
+                c += 1
+        groups.append((tuple(ga), tuple(gc)))
+    return groups
+
+
+@register("reshape")
+def _reshape(b, eqn, ins, outs):
+    src, dst = b.shape(ins[0]), b.shape(outs[0])
+    if eqn.params.get("dimensions") not in (None, ()):
+        return {"groups": (), "dimensions": tuple(eqn.params["dimensions"])}, 0.0
+    groups = reshape_groups(src, dst)
+    for ga, gc in groups:
+        if len(ga) == 1 and len(gc) == 1:
+            b.link((ins[0], ga[0]), (outs[0], gc[0]))
+    return {"groups": tuple(groups)}, 0.0
+
+
+@register("squeeze")
+def _squeeze(b, eqn, ins, outs):
+    removed = set(eqn.params["dimensions"])
+    kept = [i for i in range(len(b.shape(ins[0]))) if i not in removed]
+    for o, i in enumerate(kept):
+        b.link((ins[0], i), (outs[0], o))
+    return {}, 0.0
+
+
+@register("expand_dims")
+def _expand_dims(b, eqn, ins, outs):
+    added = set(eqn.params["dimensions"])
+    kept = [i for i in range(len(b.shape(outs[0]))) if i not in added]
+    for i, o in enumerate(kept):
+        b.link((ins[0], i), (outs[0], o))
+    return {}, 0.0
+
+
+def _link_except(b, a: int, c: int, skip: set[int]) -> None:
+    for ax in range(len(b.shape(a))):
+        if ax not in skip:
+            b.link((a, ax), (c, ax))
+
+
+@register("concatenate")
+def _concatenate(b, eqn, ins, outs):
+    d = eqn.params["dimension"]
+    for i in ins:
+        if i is not None:
+            _link_except(b, i, outs[0], {d})
+    return {"axis": d}, 0.0
+
+
+@register("split")
+def _split(b, eqn, ins, outs):
+    axis = eqn.params["axis"]
+    for o in outs:
+        _link_except(b, ins[0], o, {axis})
+        b.link((ins[0], axis), (o, axis))  # only when the piece is whole
+    return {"axis": axis, "sizes": tuple(eqn.params["sizes"])}, 0.0
+
+
+@register("pad")
+def _pad(b, eqn, ins, outs):
+    cfg = eqn.params["padding_config"]
+    for ax, (lo, hi, interior) in enumerate(cfg):
+        if lo == hi == interior == 0:
+            b.link((ins[0], ax), (outs[0], ax))
+    return {"padding": tuple(tuple(c) for c in cfg)}, 0.0
+
+
+@register("slice")
+def _slice(b, eqn, ins, outs):
+    start, limit = eqn.params["start_indices"], eqn.params["limit_indices"]
+    strides = eqn.params.get("strides") or (1,) * len(start)
+    shape = b.shape(ins[0])
+    for ax in range(len(shape)):
+        if start[ax] == 0 and limit[ax] == shape[ax] and strides[ax] == 1:
+            b.link((ins[0], ax), (outs[0], ax))
+    return {"start": tuple(start), "limit": tuple(limit)}, 0.0
+
+
+@register("dynamic_slice")
+def _dynamic_slice(b, eqn, ins, outs):
+    for ax in range(len(b.shape(ins[0]))):
+        b.link((ins[0], ax), (outs[0], ax))  # kept only where the slice is whole
+    return {"slice_sizes": tuple(eqn.params["slice_sizes"])}, 0.0
+
+
+@register("dynamic_update_slice")
+def _dynamic_update_slice(b, eqn, ins, outs):
+    operand, update = ins[0], ins[1]
+    for ax in range(len(b.shape(operand))):
+        b.link((operand, ax), (outs[0], ax), (update, ax))
+    return {}, 0.0
+
+
+@register("iota")
+def _iota(b, eqn, ins, outs):
+    return {"dimension": eqn.params["dimension"]}, 0.0
+
+
+# --- reductions, sorting --------------------------------------------------------------------
+
+
+@register(
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+    "reduce_xor", "argmax", "argmin",
+)  # fmt: skip
+def _reduce(b, eqn, ins, outs):
+    axes = set(eqn.params["axes"])
+    kept = [i for i in range(len(b.shape(ins[0]))) if i not in axes]
+    for o in outs:
+        for k, i in enumerate(kept):
+            b.link((ins[0], i), (o, k))
+    return {"reduced_axes": tuple(sorted(axes))}, float(_size(b.shape(ins[0])))
+
+
+@register("sort")
+def _sort(b, eqn, ins, outs):
+    rank = len(b.shape(ins[0]))
+    for ax in range(rank):
+        b.link(*[(t, ax) for t in list(ins) + list(outs) if t is not None])
+    n = _size(b.shape(ins[0]))
+    d = b.shape(ins[0])[eqn.params["dimension"]]
+    return {"sort_axis": eqn.params["dimension"]}, float(n * max(1, math.log2(max(d, 2))))
+
+
+@register("top_k")
+def _top_k(b, eqn, ins, outs):
+    shape = b.shape(ins[0])
+    axis = eqn.params.get("axis", len(shape) - 1)
+    axis = axis % len(shape)
+    for o in outs:
+        for ax in range(len(shape)):
+            b.link((ins[0], ax), (o, ax))  # the top-k axis links only when k == n
+    return {"sort_axis": axis, "k": eqn.params["k"]}, float(_size(shape))
+
+
+# --- indexing -------------------------------------------------------------------------------
+
+
+@register("gather")
+def _gather(b, eqn, ins, outs):
+    """Embedding lookup and take_along_axis: the indices' batch axes become the output's
+    batch axes, un-collapsed operand axes taken whole become its offset axes."""
+    operand, indices = ins
+    out = outs[0]
+    dn = eqn.params["dimension_numbers"]
+    slice_sizes = eqn.params["slice_sizes"]
+    op_shape, idx_rank, out_rank = b.shape(operand), len(b.shape(indices)), len(b.shape(out))
+    batch_out = [d for d in range(out_rank) if d not in dn.offset_dims]
+    idx_batch = list(range(idx_rank - 1))  # the last indices axis is the index vector
+    for o, i in zip(batch_out, idx_batch, strict=True):
+        b.link((out, o), (indices, i))
+    skip = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+    window = [d for d in range(len(op_shape)) if d not in skip]
+    for o, d in zip(dn.offset_dims, window, strict=True):
+        if slice_sizes[d] == op_shape[d]:
+            b.link((operand, d), (out, o))
+    for od, id_ in zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=True):
+        b.link((operand, od), (indices, id_))
+    params = {"gathered_axes": tuple(dn.start_index_map), "offset_dims": tuple(dn.offset_dims)}
+    return params, 0.0
+
+
+@register("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul", "scatter-min",
+          "scatter-max", "scatter_min", "scatter_max")  # fmt: skip
+def _scatter(b, eqn, ins, outs):
+    """The gradient of a gather: updates scattered into an operand-shaped output."""
+    operand, indices, updates = ins[:3]
+    out = outs[0]
+    dn = eqn.params["dimension_numbers"]
+    op_shape, idx_rank, up_rank = b.shape(operand), len(b.shape(indices)), len(b.shape(updates))
+    for ax in range(len(op_shape)):
+        b.link((operand, ax), (out, ax))
+    scatter_up = [d for d in range(up_rank) if d not in dn.update_window_dims]
+    for u, i in zip(scatter_up, range(idx_rank - 1), strict=True):
+        b.link((updates, u), (indices, i))
+    skip = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
+    window = [d for d in range(len(op_shape)) if d not in skip]
+    for u, d in zip(dn.update_window_dims, window, strict=True):
+        b.link((updates, u), (operand, d))
+    for od, id_ in zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims, strict=True):
+        b.link((operand, od), (indices, id_))
+    params = {"scattered_axes": tuple(dn.scatter_dims_to_operand_dims)}
+    return params, float(_size(b.shape(updates)))

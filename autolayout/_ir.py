@@ -1,0 +1,205 @@
+"""The named-dimension IR: plain, frozen data that every pass walks.
+
+A :class:`Graph` is what :func:`autolayout.trace` returns: the ops of one training step in
+program order, the tensors they read and write, and the named dims those tensors' axes
+carry. Behaviour lives in functions over a graph (the cost model, the search), not here.
+
+Conventions:
+
+* Every axis of size > 1 carries a dim name; axes of size 1 carry ``None`` (nothing to split).
+* Two axes of one tensor never carry the same dim. Axes that unify anyway (attention's query
+  and key sequence) are distinct dims of one *family* (``Dim.family``).
+* ``Op.links`` says which tensor axes the primitive equates: each link is a tuple of
+  ``(tensor name, axis)`` pairs of equal size. Linked axes usually carry the same dim; where
+  they do not (the key sequence meeting the query sequence), the op reshards between them.
+* Ops inside a ``scan`` body appear once, with ``trip_count`` the number of times they run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Dim:
+    """A named dimension: a class of tensor axes that are split together or not at all."""
+
+    name: str
+    size: int
+    family: str  # the dims that unify through some op, ignoring the one-tensor rule
+    user: bool = False  # named by the user with ``al.spec``
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A value of the traced program (one jaxpr variable)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dims: tuple[str | None, ...]
+    role: str = "intermediate"  # "input" | "const" | "intermediate" | "loop"
+    path: str | None = None  # pytree path of a workload argument, e.g. "params/wq"
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One primitive application (a jaxpr equation), with control flow walked."""
+
+    name: str  # unique, e.g. "dot_general.12"
+    primitive: str
+    inputs: tuple[str, ...]  # tensor names; literal scalars are left out
+    outputs: tuple[str, ...]
+    links: tuple[tuple[tuple[str, int], ...], ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()  # primitive-specific, plain values
+    flops: float = 0.0  # per execution, whole (unsplit) op
+    scope: tuple[str, ...] = ()  # enclosing calls and loops, e.g. ("scan.3", "remat.7")
+    trip_count: int = 1  # how many times the op runs per step
+    opaque: bool = False  # no dim rule: kept replicated, listed in Graph.opaque
+
+    def param(self, key: str, default: Any = None) -> Any:
+        for k, v in self.params:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def remat(self) -> bool:
+        """True for work inside a checkpoint/remat region (recomputed in the backward pass)."""
+        return any(s.startswith("remat.") for s in self.scope)
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A ``scan`` or ``while`` whose body ops appear once in ``Graph.ops``."""
+
+    name: str  # the loop op's name, e.g. "scan.40"
+    kind: str  # "scan" | "while"
+    length: int  # trip count of one execution (1 for a while loop of unknown count)
+    ops: tuple[str, ...]  # names of the body's ops (nested loops included)
+    length_known: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """A traced training step over named dims."""
+
+    name: str
+    ops: tuple[Op, ...]
+    tensors: Mapping[str, Tensor]
+    dim_info: Mapping[str, Dim]
+    inputs: tuple[str, ...]  # tensor names of the flattened workload arguments, in order
+    outputs: tuple[str, ...]
+    loops: tuple[Loop, ...] = ()
+    dims: Mapping[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", {d.name: d.size for d in self.dim_info.values()})
+
+    @property
+    def opaque(self) -> list[Op]:
+        """Ops the tracer has no dim rule for; they are kept replicated."""
+        return [op for op in self.ops if op.opaque]
+
+    @property
+    def families(self) -> dict[str, tuple[str, ...]]:
+        """``{family: (dim, ...)}``; a family with two dims had two of its axes meet in one tensor."""
+        out: dict[str, list[str]] = {}
+        for d in self.dim_info.values():
+            out.setdefault(d.family, []).append(d.name)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def op(self, name: str) -> Op:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise KeyError(f"no op named {name!r} in graph {self.name!r}")
+
+    def input_tensor(self, path: str) -> Tensor:
+        """The input tensor at a pytree path such as ``"params/wq"``."""
+        for t in self.inputs:
+            if self.tensors[t].path == path:
+                return self.tensors[t]
+        known = ", ".join(self.tensors[t].path or t for t in self.inputs[:8])
+        raise KeyError(f"no input at path {path!r}; inputs include {known}, ...")
+
+    @property
+    def total_flops(self) -> float:
+        """FLOPs of one step, loops multiplied out."""
+        return sum(op.flops * op.trip_count for op in self.ops)
+
+
+class GraphInvariantError(AssertionError):
+    """A graph broke an IR invariant: a bug in the pass that built it."""
+
+
+def check_graph(g: Graph) -> None:
+    """Checks the IR invariants; raises :class:`GraphInvariantError` naming the first broken one."""
+
+    def fail(msg: str) -> None:
+        raise GraphInvariantError(f"graph {g.name!r}: {msg}")
+
+    for name, d in g.dim_info.items():
+        if name != d.name:
+            fail(f"dim_info key {name!r} holds dim {d.name!r}")
+        if d.size < 2:
+            fail(f"dim {name!r} has size {d.size}; size-1 axes carry None")
+    for tname, t in g.tensors.items():
+        if tname != t.name:
+            fail(f"tensors key {tname!r} holds tensor {t.name!r}")
+        if len(t.dims) != len(t.shape):
+            fail(f"tensor {t.name} has {len(t.shape)} axes but {len(t.dims)} dims")
+        seen: set[str] = set()
+        for axis, (size, dim) in enumerate(zip(t.shape, t.dims, strict=True)):
+            if size == 1 and dim is not None:
+                fail(f"tensor {t.name} axis {axis} has size 1 but dim {dim!r}")
+            if size != 1:
+                if dim not in g.dim_info:
+                    fail(f"tensor {t.name} axis {axis} carries unknown dim {dim!r}")
+                if g.dim_info[dim].size != size:
+                    fail(f"tensor {t.name} axis {axis} has size {size}, dim {dim!r} has size {g.dims[dim]}")
+                if dim in seen:
+                    fail(f"tensor {t.name} carries dim {dim!r} twice")
+                seen.add(dim)
+    for i in g.inputs:
+        if g.tensors[i].role != "input":
+            fail(f"input {i} has role {g.tensors[i].role!r}")
+    defined = {n for n, t in g.tensors.items() if t.role in ("input", "const", "loop")}
+    op_names: set[str] = set()
+    for op in g.ops:
+        if op.name in op_names:
+            fail(f"two ops named {op.name}")
+        op_names.add(op.name)
+        if op.trip_count < 1:
+            fail(f"op {op.name} has trip_count {op.trip_count}")
+        for i in op.inputs:
+            if i not in defined:
+                fail(f"op {op.name} reads {i} before any op writes it")
+        for o in op.outputs:
+            if o in defined and g.tensors[o].role != "loop":
+                fail(f"tensor {o} is written twice (again by {op.name})")
+            defined.add(o)
+        for link in op.links:
+            sizes = {g.tensors[t].shape[a] for t, a in link}
+            if len(sizes) != 1:
+                fail(f"op {op.name} links axes of sizes {sorted(sizes)}: {link}")
+    for o in g.outputs:
+        if o not in defined:
+            fail(f"output {o} is never written")
+    for loop in g.loops:
+        missing = [n for n in loop.ops if n not in op_names]
+        if missing:
+            fail(f"loop {loop.name} names unknown ops {missing[:3]}")

@@ -1,0 +1,522 @@
+"""The tracer: ``jax.make_jaxpr`` of a whole train step, then named dims by union-find.
+
+Every (variable, axis) of the jaxpr is a node. Per-primitive rules (``_dim_rules.py``) link
+the axes that are one iteration axis of an equation; higher-order primitives are walked
+here (``jit``, ``remat``, custom derivatives inlined; ``scan`` bodies once, with their trip
+count; ``while`` and ``cond`` bodies once each). Two union-finds then run over the links in
+program order:
+
+* *families*: every link unites. Axes of one family are the same index space.
+* *dims*: a link unites only when the merged class would still hold at most one axis of any
+  tensor, and at most one user-given name. Attention's scores ``[b, h, s, s]`` thus carry
+  two dims of the ``seq`` family, and a user's ``heads`` never becomes their ``d_ff``.
+
+Dims are named, in order of preference, by the user's ``al.spec`` names, by the input's
+pytree path and axis (``params/wq.1``), by the dims a reshape merged (``heads*head_dim``),
+as a further member of a named family (``seq#2``), or by the op that produced them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._dim_rules import DIM_RULES
+from ._errors import TraceError, WorkloadError
+from ._ir import Dim, Graph, Loop, Op, Tensor
+from ._workload import Spec, Workload, path_str
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _plain(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+class _Builder:
+    """Collects tensors, ops and axis links while the jaxpr is walked."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+        self.dtypes: list[str] = []
+        self.roles: list[str] = []
+        self.paths: list[str | None] = []
+        self.user: dict[int, tuple[str | None, ...]] = {}
+        self.offsets: list[int] = []
+        self.nax = 0
+        self.links: list[tuple[int, int]] = []  # axis-key pairs, program order
+        self._pending: list[list[tuple[tuple[int, int], ...]]] = []
+        self.ops: list[Op] = []
+        self.producer: dict[int, str] = {}
+        self.scope: list[str] = []
+        self.trip = 1
+        self.loops: list[Loop] = []
+        self._count = itertools.count()
+
+    # tensors ---------------------------------------------------------------------------
+    def new(self, aval: Any, role: str = "intermediate", path: str | None = None) -> int:
+        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        dtype = getattr(aval, "dtype", None)
+        try:
+            dtype = np.dtype(dtype).name
+        except TypeError:
+            dtype = str(dtype)
+        self.shapes.append(shape)
+        self.dtypes.append(dtype)
+        self.roles.append(role)
+        self.paths.append(path)
+        self.offsets.append(self.nax)
+        self.nax += len(shape)
+        return len(self.shapes) - 1
+
+    def shape(self, t: int | None) -> tuple[int, ...]:
+        return () if t is None else self.shapes[t]
+
+    def key(self, t: int, axis: int) -> int:
+        return self.offsets[t] + axis
+
+    # links and ops ---------------------------------------------------------------------
+    def link(self, *axes: tuple[int | None, int]) -> None:
+        """Says these axes are one iteration axis; pairs of another size than the first, or of
+        size 1, are left out (a broadcast or a partial slice is a relation, not an identity)."""
+        pairs = [(t, a) for t, a in axes if t is not None]
+        if len(pairs) < 2:
+            return
+        size = self.shapes[pairs[0][0]][pairs[0][1]]
+        if size <= 1:
+            return
+        keep: list[tuple[int, int]] = []
+        for t, a in pairs:
+            if self.shapes[t][a] == size and (t, a) not in keep:
+                keep.append((t, a))
+        if len(keep) < 2:
+            return
+        self._pending[-1].append(tuple(keep))
+        k0 = self.key(*keep[0])
+        self.links.extend((k0, self.key(t, a)) for t, a in keep[1:])
+
+    def begin(self) -> tuple[int, int]:
+        self._pending.append([])
+        return len(self.links), next(self._count)
+
+    def abort(self, mark: tuple[int, int]) -> None:
+        del self.links[mark[0] :]
+        self._pending.pop()
+
+    def emit(
+        self,
+        mark: tuple[int, int],
+        primitive: str,
+        ins: Sequence[int | None],
+        outs: Sequence[int],
+        params: dict[str, Any] | None = None,
+        flops: float = 0.0,
+        opaque: bool = False,
+    ) -> str:
+        name = f"{primitive}.{mark[1]}"
+        groups = self._pending.pop()
+        op = Op(
+            name=name,
+            primitive=primitive,
+            inputs=tuple(f"t{i}" for i in ins if i is not None),
+            outputs=tuple(f"t{o}" for o in outs),
+            links=tuple(tuple((f"t{t}", a) for t, a in g) for g in groups),
+            params=_plain(params or {}),
+            flops=float(flops),
+            scope=tuple(self.scope),
+            trip_count=self.trip,
+            opaque=opaque,
+        )
+        self.ops.append(op)
+        for o in outs:
+            self.producer.setdefault(o, name)
+        return name
+
+
+# --- walking ----------------------------------------------------------------------------------
+
+
+def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[int]) -> list[int]:
+    env: dict[Any, int] = {}
+    for v, t in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = t
+    for v, t in zip(jaxpr.invars, ins, strict=True):
+        env[v] = t if t is not None else b.new(v.aval, "const")
+
+    def read(v: Any) -> int | None:
+        return None if isinstance(v, jax.core.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins_ = [read(v) for v in eqn.invars]
+        prim = eqn.primitive.name
+        walker = CALL_RULES.get(prim)
+        if walker is not None:
+            outs = walker(b, eqn, ins_)
+        else:
+            outs = [b.new(v.aval) for v in eqn.outvars]
+            mark = b.begin()
+            rule = DIM_RULES.get(prim)
+            try:
+                if rule is None:
+                    raise KeyError(prim)
+                params, flops = rule(b, eqn, ins_, outs)
+                opaque = False
+            except Exception as e:  # no rule, or one that cannot read this equation
+                b.abort(mark)
+                b._pending.append([])
+                params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
+            b.emit(mark, prim, ins_, outs, params, flops, opaque)
+        for v, t in zip(eqn.outvars, outs, strict=True):
+            env[v] = t
+    return [env[v] if not isinstance(v, jax.core.Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
+
+
+def _reason(prim: str, e: Exception) -> str:
+    if isinstance(e, KeyError) and e.args == (prim,):
+        return f"no dim rule for primitive {prim!r}"
+    return f"dim rule for {prim!r} failed: {type(e).__name__}: {e}"
+
+
+def _closed(j: Any) -> tuple[Any, list[Any]]:
+    """(jaxpr, consts) of a ClosedJaxpr or an open Jaxpr."""
+    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+def _consts(b: _Builder, jaxpr: Any) -> list[int]:
+    return [b.new(v.aval, "const") for v in jaxpr.constvars]
+
+
+def _inline(key: str, scope: str | None = None):
+    """Walks a call's inner jaxpr in place: its ops become the caller's, its outputs alias."""
+
+    def walker(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
+        jaxpr, _ = _closed(eqn.params[key])
+        label = scope or str(eqn.params.get("name", eqn.primitive.name))
+        if scope == "remat":
+            label = f"remat.{next(b._count)}"
+        b.scope.append(label)
+        try:
+            return _walk(b, jaxpr, ins, _consts(b, jaxpr))
+        finally:
+            b.scope.pop()
+
+    return walker
+
+
+def _link_all_axes(b: _Builder, x: int, y: int, shift_x: int = 0) -> None:
+    for ax in range(len(b.shapes[y])):
+        b.link((x, ax + shift_x), (y, ax))
+
+
+def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
+    p = eqn.params
+    jaxpr, _ = _closed(p["jaxpr"])
+    nc, nk, length = p["num_consts"], p["num_carry"], int(p["length"])
+    mark = b.begin()
+    name = f"scan.{mark[1]}"
+    body_in: list[int | None] = []
+    for k, (v, t) in enumerate(zip(jaxpr.invars, ins, strict=True)):
+        if k < nc:
+            body_in.append(t)
+            continue
+        bt = b.new(v.aval, "loop")
+        if t is not None:
+            _link_all_axes(b, t, bt, shift_x=0 if k < nc + nk else 1)
+        body_in.append(bt)
+    first = len(b.ops)
+    b.scope.append(name)
+    b.trip *= max(length, 1)
+    try:
+        body_out = _walk(b, jaxpr, body_in, _consts(b, jaxpr))
+    finally:
+        b.trip //= max(length, 1)
+        b.scope.pop()
+    outs = []
+    for k, v in enumerate(eqn.outvars):
+        o = b.new(v.aval)
+        if k < nk:
+            _link_all_axes(b, o, body_out[k])
+            carried = body_in[nc + k]
+            if carried is not None and carried != body_out[k]:
+                _link_all_axes(b, body_out[k], carried)
+        else:
+            _link_all_axes(b, o, body_out[k], shift_x=1)
+        outs.append(o)
+    iteration = [(t, 0) for t in ins[nc + nk :] if t is not None] + [(o, 0) for o in outs[nk:]]
+    b.link(*iteration)
+    params = {"length": length, "reverse": bool(p["reverse"]), "num_consts": nc, "num_carry": nk}
+    b.emit(mark, "scan", ins, outs, params)
+    b.loops.append(Loop(name, "scan", length, tuple(op.name for op in b.ops[first:-1])))
+    return outs
+
+
+def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
+    p = eqn.params
+    cj, _ = _closed(p["cond_jaxpr"])
+    bj, _ = _closed(p["body_jaxpr"])
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    mark = b.begin()
+    name = f"while.{mark[1]}"
+    carry = []
+    for v, t in zip(bj.invars[bn:], ins[cn + bn :], strict=True):
+        ct = b.new(v.aval, "loop")
+        if t is not None:
+            _link_all_axes(b, t, ct)
+        carry.append(ct)
+    first = len(b.ops)
+    b.scope.append(name)
+    try:
+        _walk(b, cj, list(ins[:cn]) + carry, _consts(b, cj))
+        body_out = _walk(b, bj, list(ins[cn : cn + bn]) + carry, _consts(b, bj))
+    finally:
+        b.scope.pop()
+    outs = []
+    for v, bo, ct in zip(eqn.outvars, body_out, carry, strict=True):
+        o = b.new(v.aval)
+        if bo != ct:
+            _link_all_axes(b, bo, ct)
+        _link_all_axes(b, o, bo)
+        outs.append(o)
+    b.emit(mark, "while", ins, outs, {"trip_count_known": False})
+    body = tuple(op.name for op in b.ops[first:-1])
+    b.loops.append(Loop(name, "while", 1, body, length_known=False))
+    return outs
+
+
+def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
+    mark = b.begin()
+    name = f"cond.{mark[1]}"
+    outs = [b.new(v.aval) for v in eqn.outvars]
+    for i, br in enumerate(eqn.params["branches"]):
+        jaxpr, _ = _closed(br)
+        b.scope.append(f"{name}/branch{i}")
+        try:
+            res = _walk(b, jaxpr, ins[1:], _consts(b, jaxpr))
+        finally:
+            b.scope.pop()
+        for o, r in zip(outs, res, strict=True):
+            _link_all_axes(b, o, r)
+    b.emit(mark, "cond", ins, outs, {"branches": len(eqn.params["branches"])})
+    return outs
+
+
+CALL_RULES = {
+    "jit": _inline("jaxpr"),
+    "pjit": _inline("jaxpr"),
+    "closed_call": _inline("call_jaxpr"),
+    "core_call": _inline("call_jaxpr"),
+    "remat2": _inline("jaxpr", "remat"),
+    "checkpoint": _inline("jaxpr", "remat"),
+    "custom_jvp_call": _inline("call_jaxpr"),
+    "custom_vjp_call": _inline("call_jaxpr"),
+    "custom_vjp_call_jaxpr": _inline("fun_jaxpr"),
+    "scan": _scan,
+    "while": _while,
+    "cond": _cond,
+}
+
+
+# --- naming -----------------------------------------------------------------------------------
+
+
+class _UnionFind:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        p = self.parent
+        root = x
+        while p[root] != root:
+            root = p[root]
+        while p[x] != root:
+            p[x], x = root, p[x]
+        return root
+
+
+def _families(b: _Builder) -> _UnionFind:
+    uf = _UnionFind(b.nax)
+    for x, y in b.links:
+        rx, ry = uf.find(x), uf.find(y)
+        if rx != ry:
+            uf.parent[rx] = ry
+    return uf
+
+
+def _dims(b: _Builder, owner: list[int], sizes: list[int], inputs: list[int]) -> _UnionFind:
+    """Union-find that keeps one axis per tensor and one user name per class."""
+    uf = _UnionFind(b.nax)
+    members: dict[int, set[int]] = {}
+    names: dict[int, str] = {}
+
+    def union(x: int, y: int) -> None:
+        rx, ry = uf.find(x), uf.find(y)
+        if rx == ry:
+            return
+        nx, ny = names.get(rx), names.get(ry)
+        if nx is not None and ny is not None and nx != ny:
+            return
+        sx = members.get(rx) or {owner[rx]}
+        sy = members.get(ry) or {owner[ry]}
+        if len(sx) > len(sy):
+            rx, ry, sx, sy, nx, ny = ry, rx, sy, sx, ny, nx
+        if not sx.isdisjoint(sy):
+            return
+        uf.parent[rx] = ry
+        sy |= sx
+        members[ry] = sy
+        members.pop(rx, None)
+        if ny is None and nx is not None:
+            names[ry] = nx
+        names.pop(rx, None)
+
+    first_of: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for t in inputs:
+        for axis, name in enumerate(b.user.get(t, ())):
+            if name is None or b.shapes[t][axis] <= 1:
+                continue
+            k = b.key(t, axis)
+            if name in first_of:
+                k0 = first_of[name]
+                if sizes[k0] != sizes[k]:
+                    raise WorkloadError(
+                        f"dim {name!r} has size {sizes[k0]} on {where[name]} but {sizes[k]} on "
+                        f"{b.paths[t]} axis {axis}; one name must mean one size"
+                    )
+                union(k0, k)
+            else:
+                first_of[name] = k
+                where[name] = f"{b.paths[t]} axis {axis}"
+                names[k] = name
+    for x, y in b.links:
+        if sizes[x] > 1:
+            union(x, y)
+    uf.names = names  # type: ignore[attr-defined]
+    return uf
+
+
+def _name_dims(b: _Builder, inputs: list[int]) -> tuple[list[str | None], dict[str, Dim]]:
+    owner = [t for t, s in enumerate(b.shapes) for _ in s]
+    sizes = [s for shape in b.shapes for s in shape]
+    fam = _families(b)
+    dim = _dims(b, owner, sizes, inputs)
+    user_names: dict[int, str] = dim.names  # type: ignore[attr-defined]
+    root = [dim.find(k) if sizes[k] > 1 else -1 for k in range(b.nax)]
+    label: dict[int, str] = {}
+    taken: set[str] = set()
+
+    def claim(r: int, name: str) -> None:
+        base, k = name, 2
+        while name in taken:
+            name, k = f"{base}#{k}", k + 1
+        label[r] = name
+        taken.add(name)
+
+    for r, n in user_names.items():
+        if dim.find(r) == r:
+            claim(r, n)
+    for t in inputs:
+        for axis in range(len(b.shapes[t])):
+            r = root[b.key(t, axis)]
+            if r >= 0 and r not in label:
+                claim(r, f"{b.paths[t]}.{axis}")
+    for op in b.ops:  # dims a reshape merged or split
+        for ga, gc in op.param("groups", ()) if op.primitive == "reshape" else ():
+            src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
+            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                if len(one) == 1 and len(many) > 1:
+                    r = root[b.key(t1, one[0])]
+                    parts = [label.get(root[b.key(tm, a)]) for a in many]
+                    if r not in label and all(parts):
+                        claim(r, "*".join(parts))  # type: ignore[arg-type]
+    fam_name: dict[int, str] = {}
+    order = sorted({r for r in root if r >= 0})
+    for r in order:
+        if r in label:
+            fam_name.setdefault(fam.find(r), label[r])
+    for r in order:
+        if r not in label:
+            f = fam.find(r)
+            if f in fam_name:
+                claim(r, fam_name[f])
+            else:
+                t = owner[r]
+                claim(r, f"{b.producer.get(t, f't{t}')}:{r - b.offsets[t]}")
+                fam_name[f] = label[r]
+    dims = {
+        label[r]: Dim(label[r], sizes[r], fam_name[fam.find(r)], user=r in user_names)
+        for r in order
+    }
+    return [label.get(r) if r >= 0 else None for r in root], dims
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def trace(workload: Workload) -> Graph:
+    """Traces a workload's whole train step into a :class:`Graph` over named dims.
+
+    Example:
+      >>> import autolayout as al, jax, jax.numpy as jnp
+      >>> def step(w, x):
+      ...     return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+      >>> g = al.trace(al.Workload(step, (al.spec((8, 16), ("d_in", "d_out")),
+      ...                                 al.spec((4, 8), ("batch", "d_in")))))
+      >>> sorted(g.dims.items())
+      [('batch', 4), ('d_in', 8), ('d_out', 16)]
+      >>> g.opaque
+      []
+    """
+    if not isinstance(workload, Workload):
+        raise WorkloadError(f"trace() takes an al.Workload, got {type(workload).__name__}")
+    leaves = jax.tree_util.tree_flatten_with_path(workload.args)[0]
+    try:
+        closed = jax.make_jaxpr(workload.fn)(*workload.args)
+    except Exception as e:
+        raise TraceError(f"jax.make_jaxpr of workload {workload.name!r} failed: {type(e).__name__}: {e}") from e
+    jaxpr = closed.jaxpr
+    if len(jaxpr.invars) != len(leaves):
+        raise TraceError(
+            f"workload {workload.name!r}: the jaxpr has {len(jaxpr.invars)} inputs but the arguments have "
+            f"{len(leaves)} leaves"
+        )
+    b = _Builder()
+    argnames = workload.argnames
+    ins = []
+    for v, (path, leaf) in zip(jaxpr.invars, leaves, strict=True):
+        t = b.new(v.aval, "input", path_str(path, argnames))
+        if isinstance(leaf, Spec):
+            b.user[t] = leaf.dims
+        ins.append(t)
+    outs = _walk(b, jaxpr, ins, _consts(b, jaxpr))
+    axis_dims, dims = _name_dims(b, ins)
+    tensors = {}
+    for t, shape in enumerate(b.shapes):
+        o = b.offsets[t]
+        tensors[f"t{t}"] = Tensor(
+            name=f"t{t}",
+            shape=shape,
+            dtype=b.dtypes[t],
+            dims=tuple(axis_dims[o : o + len(shape)]),
+            role=b.roles[t],
+            path=b.paths[t],
+        )
+    return Graph(
+        name=workload.name,
+        ops=tuple(b.ops),
+        tensors=tensors,
+        dim_info=dims,
+        inputs=tuple(f"t{t}" for t in ins),
+        outputs=tuple(f"t{t}" for t in outs),
+        loops=tuple(b.loops),
+    )

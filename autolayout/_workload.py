@@ -1,0 +1,196 @@
+"""Workloads: a train-step function with abstract, optionally named, arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._errors import ModelFileError, WorkloadError
+
+
+class Spec(jax.ShapeDtypeStruct):
+    """A ``jax.ShapeDtypeStruct`` whose axes carry dim names (``None`` for an unnamed axis)."""
+
+    __slots__ = ("dims",)
+
+    def __init__(self, shape: Sequence[int], dtype: Any, dims: Sequence[str | None]):
+        super().__init__(tuple(shape), dtype)
+        self.dims = tuple(dims)
+
+    def __repr__(self) -> str:
+        return f"spec({self.shape}, {self.dims}, {self.dtype})"
+
+
+def spec(shape: Sequence[int], dims: Sequence[str | None], dtype: Any = jnp.float32) -> Spec:
+    """An abstract array whose axes carry names.
+
+    Args:
+      shape: the array's shape.
+      dims: one name per axis (``None`` leaves an axis to be named by the tracer).
+      dtype: the element type.
+
+    Example:
+      >>> import autolayout as al
+      >>> w = al.spec((512, 2048), ("d_model", "d_ff"))
+      >>> w.shape, w.dims
+      ((512, 2048), ('d_model', 'd_ff'))
+    """
+    shape = tuple(shape)
+    dims = (dims,) if isinstance(dims, str) else tuple(dims)
+    if not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise WorkloadError(f"spec shape must be non-negative ints, got {shape}")
+    if len(dims) != len(shape):
+        raise WorkloadError(
+            f"spec{shape} has {len(shape)} axes but {len(dims)} dim names {dims}; give one name per axis (None to leave one unnamed)"
+        )
+    named = [d for d in dims if d is not None]
+    for d in named:
+        if not isinstance(d, str) or not d:
+            raise WorkloadError(f"spec{shape}: dim names must be non-empty strings or None, got {d!r}")
+    dup = sorted({d for d in named if named.count(d) > 1})
+    if dup:
+        raise WorkloadError(
+            f"spec{shape} names dim {dup[0]!r} on two axes {dims}; axes of one array need distinct names"
+        )
+    return Spec(shape, dtype, dims)
+
+
+def _abstract(path: str, leaf: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+    raise WorkloadError(
+        f"workload argument {path} is a {type(leaf).__name__}, expected al.spec(...) or jax.ShapeDtypeStruct"
+    )
+
+
+def path_str(path: tuple[Any, ...], argnames: Sequence[str] = ()) -> str:
+    """``(SequenceKey(0), DictKey('wq'))`` -> ``"params/wq"`` (argument names from the signature)."""
+    parts: list[str] = []
+    for i, k in enumerate(path):
+        if isinstance(k, jax.tree_util.SequenceKey):
+            if i == 0 and k.idx < len(argnames):
+                parts.append(argnames[k.idx])
+            else:
+                parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(k.name)
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(k.key))
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def _argnames(fn: Callable[..., Any], n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return [f"arg{i}" for i in range(n)]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A whole training step, ``fn(*args)``, over abstract arguments.
+
+    Args:
+      fn: the step: forward, backward and optimizer update.
+      args: its arguments as pytrees of ``al.spec`` / ``jax.ShapeDtypeStruct`` (never real
+        arrays, so planning a 175B-parameter model allocates nothing).
+      donate_argnums: arguments whose buffers the step may reuse (its state).
+      name: shown in reports.
+      init: optional ``init(key) -> args`` that builds real arguments of the same shapes,
+        for running the workload.
+      options: the options the model file's ``workload()`` was called with.
+
+    Example:
+      >>> import autolayout as al, jax.numpy as jnp
+      >>> wl = al.Workload(lambda w, x: jnp.sum(x @ w), (al.spec((4, 8), ("d_in", "d_out")),
+      ...                  al.spec((2, 4), ("batch", "d_in"))), name="tiny")
+      >>> wl.argnames
+      ('w', 'x')
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    donate_argnums: tuple[int, ...] = ()
+    name: str = ""
+    init: Callable[[jax.Array], tuple[Any, ...]] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, fn, args, *, donate_argnums=(), name="", init=None, options=None):
+        if not callable(fn):
+            raise WorkloadError(f"Workload fn must be callable, got {type(fn).__name__}")
+        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+        names = _argnames(fn, len(args))
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(args)
+        abstract = [_abstract(path_str(p, names), leaf) for p, leaf in leaves]
+        args = jax.tree_util.tree_unflatten(treedef, abstract)
+        donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        for i in donate:
+            if not 0 <= i < len(args):
+                raise WorkloadError(f"donate_argnums has {i}, but the step takes {len(args)} arguments")
+        object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "donate_argnums", donate)
+        object.__setattr__(self, "name", name or getattr(fn, "__name__", "workload"))
+        object.__setattr__(self, "init", init)
+        object.__setattr__(self, "options", dict(options or {}))
+
+    @property
+    def argnames(self) -> tuple[str, ...]:
+        return tuple(_argnames(self.fn, len(self.args)))
+
+
+def load_workload(path: str | Path, **options: Any) -> Workload:
+    """Imports a model file and calls its ``workload(**options)``.
+
+    Raises :class:`ModelFileError` (one line, naming the file) when the file does not exist,
+    cannot be imported, defines no ``workload``, raises, or returns something else.
+
+    Example:
+      >>> import autolayout as al
+      >>> wl = al.load_workload("experiments/models/mlp.py", size="tiny")  # doctest: +SKIP
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ModelFileError(f"model file {str(path)!r} does not exist")
+    modname = f"_autolayout_model_{abs(hash(str(p.resolve())))}"
+    mspec = importlib.util.spec_from_file_location(modname, p)
+    if mspec is None or mspec.loader is None:
+        raise ModelFileError(f"{path}: not a Python file that can be imported")
+    module = importlib.util.module_from_spec(mspec)
+    sys.modules[modname] = module
+    try:
+        mspec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[modname]
+        raise ModelFileError(f"{path}: importing the model file raised {type(e).__name__}: {e}") from e
+    fn = getattr(module, "workload", None)
+    if not callable(fn):
+        raise ModelFileError(
+            f"{path} defines no workload() function; a model file must define workload(**options) -> al.Workload"
+        )
+    try:
+        wl = fn(**options)
+    except Exception as e:
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise ModelFileError(f"{path}: workload({shown}) raised {type(e).__name__}: {e}") from e
+    if not isinstance(wl, Workload):
+        raise ModelFileError(f"{path}: workload() returned {type(wl).__name__}, expected al.Workload")
+    if not wl.options:
+        object.__setattr__(wl, "options", dict(options))
+    return wl

@@ -1,0 +1,1 @@
+"""Hardware profiles: one TOML file per family (data only). Read with ``al.hardware(name)``."""

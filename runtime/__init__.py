@@ -1,0 +1,2 @@
+"""The runtime (plans to shardings, apply, validate, run). Installed as
+``autolayout.runtime``; never imports ``autolayout.search``."""
