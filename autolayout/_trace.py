@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax.extend.core import Literal
 import numpy as np
 
 from ._dim_rules import DIM_RULES
@@ -152,7 +153,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         env[v] = t if t is not None else b.new(v.aval, "const")
 
     def read(v: Any) -> int | None:
-        return None if isinstance(v, jax.core.Literal) else env[v]
+        return None if isinstance(v, Literal) else env[v]
 
     for eqn in jaxpr.eqns:
         ins_ = [read(v) for v in eqn.invars]
@@ -176,7 +177,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
             b.emit(mark, prim, ins_, outs, params, flops, opaque)
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
-    return [env[v] if not isinstance(v, jax.core.Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
+    return [env[v] if not isinstance(v, Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
 
 
 def _reason(prim: str, e: Exception) -> str:
