@@ -56,10 +56,10 @@ ELEMENTWISE = (
 @register(*ELEMENTWISE)
 def _elementwise(b, eqn, ins, outs):
     for o in outs:
-        oshape = b.shape(o)
-        for i in ins:
-            if i is not None and b.shape(i) == oshape:
-                for ax in range(len(oshape)):
+        rank = len(b.shape(o))
+        for i in ins:  # operands of equal rank; a size-1 axis broadcasts and is not linked
+            if i is not None and len(b.shape(i)) == rank:
+                for ax in range(rank):
                     b.link((o, ax), (i, ax))
     return {}, float(_size(b.shape(outs[0]))) if outs else 0.0
 

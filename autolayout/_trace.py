@@ -18,6 +18,7 @@ as a further member of a named family (``seq#2``), or by the op that produced th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -256,6 +257,8 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     iteration = [(t, 0) for t in ins[nc + nk :] if t is not None] + [(o, 0) for o in outs[nk:]]
     b.link(*iteration)
     params = {"length": length, "reverse": bool(p["reverse"]), "num_consts": nc, "num_carry": nk}
+    params["body_outputs"] = tuple(f"t{t}" for t in body_out)
+    params["aliased_inputs"] = tuple(f"t{t}" for t in ins[:nc] if t is not None)
     b.emit(mark, "scan", ins, outs, params)
     b.loops.append(Loop(name, "scan", length, tuple(op.name for op in b.ops[first:-1])))
     return outs
@@ -277,7 +280,7 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     first = len(b.ops)
     b.scope.append(name)
     try:
-        _walk(b, cj, list(ins[:cn]) + carry, _consts(b, cj))
+        cond_out = _walk(b, cj, list(ins[:cn]) + carry, _consts(b, cj))
         body_out = _walk(b, bj, list(ins[cn : cn + bn]) + carry, _consts(b, bj))
     finally:
         b.scope.pop()
@@ -288,7 +291,10 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
             _link_all_axes(b, bo, ct)
         _link_all_axes(b, o, bo)
         outs.append(o)
-    b.emit(mark, "while", ins, outs, {"trip_count_known": False})
+    live = tuple(f"t{t}" for t in body_out + cond_out)
+    aliased = tuple(f"t{t}" for t in ins[: cn + bn] if t is not None)
+    params = {"trip_count_known": False, "body_outputs": live, "aliased_inputs": aliased}
+    b.emit(mark, "while", ins, outs, params)
     body = tuple(op.name for op in b.ops[first:-1])
     b.loops.append(Loop(name, "while", 1, body, length_known=False))
     return outs
@@ -298,6 +304,7 @@ def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     mark = b.begin()
     name = f"cond.{mark[1]}"
     outs = [b.new(v.aval) for v in eqn.outvars]
+    branch_out: list[int] = []
     for i, br in enumerate(eqn.params["branches"]):
         jaxpr, _ = _closed(br)
         b.scope.append(f"{name}/branch{i}")
@@ -307,7 +314,13 @@ def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
             b.scope.pop()
         for o, r in zip(outs, res, strict=True):
             _link_all_axes(b, o, r)
-    b.emit(mark, "cond", ins, outs, {"branches": len(eqn.params["branches"])})
+        branch_out += res
+    params = {
+        "branches": len(eqn.params["branches"]),
+        "body_outputs": tuple(f"t{t}" for t in branch_out),
+        "aliased_inputs": tuple(f"t{t}" for t in ins[1:] if t is not None),
+    }
+    b.emit(mark, "cond", ins, outs, params)
     return outs
 
 
@@ -325,6 +338,42 @@ CALL_RULES = {
     "while": _while,
     "cond": _cond,
 }
+
+
+# --- dead code -------------------------------------------------------------------------------
+
+
+def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
+    """Drops ops whose results nothing reads (XLA would too: jax leaves dead zeros of the
+    backward pass in the jaxpr), rebuilds the links from the live ops in program order and
+    returns the live tensor ids."""
+    live = {f"t{t}" for t in outs}
+    kept = []
+    for op in reversed(b.ops):
+        if any(o in live for o in op.outputs):
+            kept.append(op)
+            aliased = set(op.param("aliased_inputs", ()))  # live only if the body reads them
+            live.update(i for i in op.inputs if i not in aliased)
+            live.update(op.param("body_outputs", ()))
+    kept.reverse()
+    for i, op in enumerate(kept):  # a loop's constants its body never reads are not its inputs
+        aliased = set(op.param("aliased_inputs", ()))
+        if any(t not in live for t in aliased):
+            kept[i] = dataclasses.replace(op, inputs=tuple(t for t in op.inputs if t in live))
+    b.ops = kept
+    names = {op.name for op in kept}
+    b.loops = [
+        Loop(lp.name, lp.kind, lp.length, tuple(n for n in lp.ops if n in names), lp.length_known)
+        for lp in b.loops
+        if lp.name in names
+    ]
+    b.links = []
+    for op in sorted(kept, key=lambda op: int(op.name.rsplit(".", 1)[1])):
+        for group in op.links:
+            (t0, a0), *rest = group
+            k0 = b.key(int(t0[1:]), a0)
+            b.links.extend((k0, b.key(int(t[1:]), a)) for t, a in rest)
+    return {int(t[1:]) for t in live}
 
 
 # --- naming -----------------------------------------------------------------------------------
@@ -353,25 +402,27 @@ def _families(b: _Builder) -> _UnionFind:
     return uf
 
 
-def _dims(b: _Builder, owner: list[int], sizes: list[int], inputs: list[int]) -> _UnionFind:
+def _dims(
+    b: _Builder, owner: list[int], sizes: list[int], inputs: list[int], fam: _UnionFind, live: set[int]
+) -> _UnionFind:
     """Union-find that keeps one axis per tensor and one user name per class."""
     uf = _UnionFind(b.nax)
     members: dict[int, set[int]] = {}
     names: dict[int, str] = {}
 
-    def union(x: int, y: int) -> None:
+    def union(x: int, y: int) -> bool:
         rx, ry = uf.find(x), uf.find(y)
         if rx == ry:
-            return
+            return True
         nx, ny = names.get(rx), names.get(ry)
         if nx is not None and ny is not None and nx != ny:
-            return
+            return False
         sx = members.get(rx) or {owner[rx]}
         sy = members.get(ry) or {owner[ry]}
         if len(sx) > len(sy):
             rx, ry, sx, sy, nx, ny = ry, rx, sy, sx, ny, nx
         if not sx.isdisjoint(sy):
-            return
+            return False
         uf.parent[rx] = ry
         sy |= sx
         members[ry] = sy
@@ -379,6 +430,7 @@ def _dims(b: _Builder, owner: list[int], sizes: list[int], inputs: list[int]) ->
         if ny is None and nx is not None:
             names[ry] = nx
         names.pop(rx, None)
+        return True
 
     first_of: dict[str, int] = {}
     where: dict[str, str] = {}
@@ -402,17 +454,28 @@ def _dims(b: _Builder, owner: list[int], sizes: list[int], inputs: list[int]) ->
     for x, y in b.links:
         if sizes[x] > 1:
             union(x, y)
+    # Classes of one family that no tensor holds together are one dim: the key sequence of
+    # every unrolled layer is one "seq#2", not a dim per layer.
+    by_family: dict[int, list[int]] = {}
+    for k in range(b.nax):
+        if sizes[k] > 1 and owner[k] in live and uf.find(k) == k:
+            by_family.setdefault(fam.find(k), []).append(k)
+    for roots in by_family.values():
+        reps: list[int] = []
+        for r in roots:
+            if not any(union(q, r) for q in reps):
+                reps.append(r)
     uf.names = names  # type: ignore[attr-defined]
     return uf
 
 
-def _name_dims(b: _Builder, inputs: list[int]) -> tuple[list[str | None], dict[str, Dim]]:
+def _name_dims(b: _Builder, inputs: list[int], live: set[int]) -> tuple[list[str | None], dict[str, Dim]]:
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     fam = _families(b)
-    dim = _dims(b, owner, sizes, inputs)
+    dim = _dims(b, owner, sizes, inputs, fam, live)
     user_names: dict[int, str] = dim.names  # type: ignore[attr-defined]
-    root = [dim.find(k) if sizes[k] > 1 else -1 for k in range(b.nax)]
+    root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
     label: dict[int, str] = {}
     taken: set[str] = set()
 
@@ -500,9 +563,12 @@ def trace(workload: Workload) -> Graph:
             b.user[t] = leaf.dims
         ins.append(t)
     outs = _walk(b, jaxpr, ins, _consts(b, jaxpr))
-    axis_dims, dims = _name_dims(b, ins)
+    live = _eliminate_dead(b, outs) | set(ins)
+    axis_dims, dims = _name_dims(b, ins, live)
     tensors = {}
     for t, shape in enumerate(b.shapes):
+        if t not in live:
+            continue
         o = b.offsets[t]
         tensors[f"t{t}"] = Tensor(
             name=f"t{t}",

@@ -1,0 +1,119 @@
+"""Layers and the optax train step shared by the example models (imported from the model
+files, whose folder is on sys.path while autolayout loads them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import autolayout as al
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+def dtype_of(name: str) -> Any:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def attention(x: jax.Array, p: dict, *, kv: jax.Array | None = None, causal: bool = False) -> jax.Array:
+    """Multi-head attention; weights ``wq/wk/wv [d_model, heads, head_dim]``, ``wo [heads, head_dim, d_model]``."""
+    src = x if kv is None else kv
+    q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
+    k = jnp.einsum("btd,dhk->bthk", src, p["wk"])
+    v = jnp.einsum("btd,dhk->bthk", src, p["wv"])
+    scores = jnp.einsum("bshk,bthk->bhst", q, k) / jnp.sqrt(q.shape[-1]).astype(x.dtype)
+    if causal:
+        s, t = scores.shape[-2:]
+        mask = jnp.arange(s)[:, None] >= jnp.arange(t)[None, :]
+        scores = jnp.where(mask, scores, jnp.asarray(-1e9, scores.dtype))
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(x.dtype)
+    out = jnp.einsum("bhst,bthk->bshk", probs, v)
+    return jnp.einsum("bshk,hkd->bsd", out, p["wo"])
+
+
+def mlp(x: jax.Array, p: dict, kind: str) -> jax.Array:
+    """The feed-forward block: ``w1 [d_model, d_ff]``, ``w2 [d_ff, d_model]`` (+ ``w3`` for swiglu)."""
+    h = jnp.einsum("bsd,df->bsf", x, p["w1"])
+    if kind == "gelu":
+        h = jax.nn.gelu(h)
+    elif kind == "relu":
+        h = jax.nn.relu(h)
+    elif kind == "swiglu":
+        h = jax.nn.silu(h) * jnp.einsum("bsd,df->bsf", x, p["w3"])
+    else:
+        raise ValueError(f"mlp must be 'gelu', 'relu' or 'swiglu', got {kind!r}")
+    return jnp.einsum("bsf,fd->bsd", h, p["w2"])
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def remat(fn: Callable, policy: str) -> Callable:
+    """``none`` saves everything, ``minimal`` saves matmul outputs, ``full`` recomputes the layer."""
+    if policy == "none":
+        return fn
+    if policy == "minimal":
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.checkpoint_dots)
+    if policy == "full":
+        return jax.checkpoint(fn)
+    raise ValueError(f"remat must be 'none', 'minimal' or 'full', got {policy!r}")
+
+
+def stack(layer: dict, n: int) -> dict:
+    """A layer's specs with a leading ``layers`` dim, for ``lax.scan``."""
+    return jax.tree.map(lambda s: al.spec((n, *s.shape), ("layers", *s.dims), s.dtype), layer)
+
+
+def init_params(specs: Any, key: jax.Array, scale: float = 0.02) -> Any:
+    """Real arrays for a pytree of specs: ones for 1-D scales, scaled normals elsewhere."""
+    leaves, treedef = jax.tree.flatten(specs)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for s, k in zip(leaves, keys, strict=True):
+        if len(s.shape) == 1 or (len(s.shape) == 2 and s.dims[0] == "layers"):  # norm scales
+            out.append(jnp.ones(s.shape, s.dtype))
+        else:
+            out.append((scale * jax.random.normal(k, s.shape, jnp.float32)).astype(s.dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+def train_workload(
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params: Any,
+    batch: Any,
+    make_batch: Callable[[jax.Array], Any],
+    *,
+    name: str,
+    options: dict,
+    learning_rate: float = 1e-3,
+) -> al.Workload:
+    """A whole train step ``(params, opt_state, batch) -> (params, opt_state, loss)`` with Adam."""
+    opt = optax.adam(learning_rate)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = jax.eval_shape(opt.init, params)
+
+    def init(key: jax.Array):
+        kp, kb = jax.random.split(key)
+        real = init_params(params, kp)
+        return real, opt.init(real), make_batch(kb)
+
+    return al.Workload(train_step, (params, opt_state, batch), donate_argnums=(0, 1), name=name, init=init, options=options)
