@@ -112,7 +112,7 @@ class Workload:
         arrays, so planning a 175B-parameter model allocates nothing).
       donate_argnums: arguments whose buffers the step may reuse (its state).
       name: shown in reports.
-      init: optional ``init(key) -> args`` that builds real arguments of the same shapes,
+      init: optional ``init(seed) -> args`` that builds real arguments of the same shapes,
         for running the workload.
       options: the options the model file's ``workload()`` was called with.
 
@@ -128,7 +128,7 @@ class Workload:
     args: tuple[Any, ...]
     donate_argnums: tuple[int, ...] = ()
     name: str = ""
-    init: Callable[[jax.Array], tuple[Any, ...]] | None = None
+    init: Callable[[int], tuple[Any, ...]] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __init__(self, fn, args, *, donate_argnums=(), name="", init=None, options=None):
@@ -174,11 +174,18 @@ def load_workload(path: str | Path, **options: Any) -> Workload:
         raise ModelFileError(f"{path}: not a Python file that can be imported")
     module = importlib.util.module_from_spec(mspec)
     sys.modules[modname] = module
+    folder = str(p.resolve().parent)  # as `python model.py` would: its folder's modules import
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         mspec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[modname]
         raise ModelFileError(f"{path}: importing the model file raised {type(e).__name__}: {e}") from e
+    finally:
+        if added:
+            sys.path.remove(folder)
     fn = getattr(module, "workload", None)
     if not callable(fn):
         raise ModelFileError(

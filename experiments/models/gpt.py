@@ -89,8 +89,8 @@ def workload(size: str = "tiny", mlp: str = "gelu", remat: str = "none", scan: b
         logits = jnp.einsum("bsd,dv->bsv", nn.rms_norm(x, params["ln_f"]), params["unembed"])
         return nn.cross_entropy(logits, batch["targets"])
 
-    def make_batch(key):
-        toks = jax.random.randint(key, (B, S + 1), 0, V, jnp.int32)
+    def make_batch(rng):
+        toks = jnp.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name, **c)
