@@ -1,0 +1,225 @@
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import MODEL_NAMES, load_model
+from jax import lax
+
+import autolayout as al
+
+GPT_NAMES = {"batch", "seq", "d_model", "heads", "head_dim", "d_ff", "vocab"}
+
+
+def _dot_dims(g):
+    for op in g.ops:
+        if op.primitive == "dot_general":
+            yield op, [g.tensors[t].dims for t in op.inputs + op.outputs]
+
+
+def test_gpt_dot_generals_resolve_to_the_input_names(gpt_graph):
+    g = gpt_graph
+    seen = set()
+    for op, dims in _dot_dims(g):
+        for tensor_dims in dims:
+            for d in tensor_dims:
+                assert d is not None, op.name
+                assert d in GPT_NAMES or g.dim_info[d].family in GPT_NAMES, (op.name, dims)
+                seen.add(d)
+    assert GPT_NAMES <= seen
+    assert {d: g.dims[d] for d in GPT_NAMES} == {
+        "batch": 8, "seq": 32, "d_model": 64, "heads": 4, "head_dim": 16, "d_ff": 256, "vocab": 512,
+    }  # fmt: skip
+
+
+def test_a_weight_its_gradient_and_its_adam_moments_share_dims(gpt_graph):
+    g = gpt_graph
+    for name in ("wq", "wo", "w1", "w2"):
+        w = g.input_tensor(f"params/layers/0/{name}")
+        mu = g.input_tensor(f"opt_state/0/mu/layers/0/{name}")
+        nu = g.input_tensor(f"opt_state/0/nu/layers/0/{name}")
+        assert w.dims == mu.dims == nu.dims
+        # the gradient: the dot_general that produces a tensor of the weight's shape
+        grads = [g.tensors[op.outputs[0]] for op, _ in _dot_dims(g) if g.tensors[op.outputs[0]].shape == w.shape]
+        assert grads and all(t.dims == w.dims for t in grads), name
+    # the updated parameters and moments come out with the same dims
+    out_dims = {g.tensors[t].dims for t in g.outputs if g.tensors[t].shape == w.shape}
+    assert out_dims == {w.dims}
+
+
+def test_attention_sequence_axes_are_one_family_two_dims(gpt_graph):
+    g = gpt_graph
+    assert g.families["seq"] == ("seq", "seq#2")
+    assert g.dim_info["seq#2"].family == "seq" and not g.dim_info["seq#2"].user
+    scores = [t for _, dims in _dot_dims(g) for t in dims if "seq" in t and "seq#2" in t]
+    assert scores and all(t == ("batch", "heads", "seq", "seq#2") for t in scores[:1])
+
+
+def test_scanned_gpt_is_one_layer_body_with_trip_count_layers():
+    layers = 3
+    g = al.trace(load_model("gpt", scan=True, layers=layers))
+    al.check_graph(g)
+    scans = [lp for lp in g.loops if lp.kind == "scan"]
+    assert len(scans) == 2  # forward, backward
+    assert all(lp.length == layers for lp in scans)
+    fwd = scans[0]
+    body = [g.op(n) for n in fwd.ops]
+    dots = [op for op in body if op.primitive == "dot_general"]
+    assert len(dots) == 8  # q, k, v, scores, probs@v, out projection, two MLP matmuls
+    assert all(op.trip_count == layers for op in body)
+    stacked = g.input_tensor("params/layers/wq")
+    assert stacked.dims == ("layers", "d_model", "heads", "head_dim") and g.dims["layers"] == layers
+    # the scanned and unrolled steps do the same work
+    unrolled = al.trace(load_model("gpt", layers=layers))
+    flops = lambda gr: sum(op.flops * op.trip_count for op in gr.ops if op.primitive == "dot_general")  # noqa: E731
+    assert flops(g) == pytest.approx(flops(unrolled))
+
+
+def test_remat_recomputation_is_traced_as_work():
+    plain = al.trace(load_model("gpt", scan=True))
+    full = al.trace(load_model("gpt", scan=True, remat="full"))
+    assert any(op.remat for op in full.ops) and not any(op.remat for op in plain.ops)
+    assert full.total_flops > plain.total_flops
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [(m, {}) for m in MODEL_NAMES]
+    + [("gpt", {"scan": True, "remat": "full"}), ("gpt", {"mlp": "swiglu", "remat": "minimal"}), ("moe", {"experts": 8})],
+)
+def test_every_example_model_traces_with_no_opaque_op(name, options):
+    g = al.trace(load_model(name, **options))
+    al.check_graph(g)
+    assert g.opaque == []
+    assert all(d.size > 1 for d in g.dim_info.values())
+
+
+def test_embedding_gather_and_its_scatter_gradient_carry_vocab(gpt_graph):
+    g = gpt_graph
+    scatters = [op for op in g.ops if op.primitive == "scatter-add"]
+    assert any(g.tensors[op.outputs[0]].dims == ("vocab", "d_model") for op in scatters)
+    gathers = [op for op in g.ops if op.primitive == "gather"]
+    assert any(g.tensors[op.outputs[0]].dims == ("batch", "seq", "d_model") for op in gathers)
+
+
+def test_conv_weight_gradient_shares_the_weight_dims():
+    g = al.trace(load_model("unet3d"))
+    w = g.input_tensor("params/enc/0/conv")
+    convs = [op for op in g.ops if op.primitive == "conv_general_dilated"]
+    assert any(g.tensors[op.outputs[0]].dims == w.dims for op in convs)
+    assert {"depth", "height", "width"} <= set(g.dims)
+    assert any(dict(s)["pairing"] == "kernel" for op in convs for s in op.param("spatial"))
+
+
+def test_moe_has_an_experts_dim_on_its_expert_einsums():
+    g = al.trace(load_model("moe"))
+    assert g.dims["experts"] == 4
+    w1 = g.input_tensor("params/layers/0/w1")
+    assert w1.dims == ("experts", "d_model", "d_ff")
+    assert any(op.primitive == "top_k" for op in g.ops) and any(op.primitive == "cumsum" for op in g.ops)
+
+
+def test_t5_cross_attention_relates_two_sequence_families():
+    g = al.trace(load_model("t5"))
+    assert {"enc_seq", "dec_seq"} <= set(g.dims)
+    assert g.dim_info["enc_seq"].family != g.dim_info["dec_seq"].family
+    assert any(("dec_seq" in t.dims and "enc_seq" in t.dims) for t in g.tensors.values())
+
+
+def test_reshape_merge_is_a_relation_named_after_its_parts():
+    def step(x):
+        return jnp.sum(jnp.tanh(x.reshape(x.shape[0], -1)))
+
+    g = al.trace(al.Workload(step, (al.spec((4, 6, 8), ("batch", "heads", "head_dim")),)))
+    assert "heads*head_dim" in g.dims and g.dims["heads*head_dim"] == 48
+    reshape = next(op for op in g.ops if op.primitive == "reshape")
+    assert reshape.param("groups") == (((0,), (0,)), ((1, 2), (1,)))
+
+
+def test_user_names_never_merge_into_each_other():
+    def step(a, b):  # a's "rows" meets b's "cols" in the contraction
+        return jnp.sum(a @ b)
+
+    g = al.trace(al.Workload(step, (al.spec((4, 8), ("m", "rows")), al.spec((8, 5), ("cols", "n")))))
+    assert {"rows", "cols"} <= set(g.dims)
+    assert g.dim_info["rows"].family == g.dim_info["cols"].family
+
+
+def test_inferred_names_come_from_the_input_path():
+    def step(params, x):
+        return jnp.sum(x @ params["w"])
+
+    g = al.trace(al.Workload(step, ({"w": jax.ShapeDtypeStruct((8, 16), jnp.float32)}, al.spec((4, 8), ("batch", None)))))
+    assert g.input_tensor("params/w").dims == ("params/w.0", "params/w.1")
+    assert g.input_tensor("x").dims == ("batch", "params/w.0")
+
+
+def test_control_flow_and_custom_derivatives_are_walked():
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda r, g: (g * jnp.cos(r),))
+
+    def step(w, x):
+        def loss(w):
+            y = f(x @ w)
+            y = lax.cond(jnp.sum(y) > 0, lambda q: q * 2.0, lambda q: q + 1.0, y)
+            y = lax.fori_loop(0, 3, lambda i, c: c * 1.1, y)
+            return jnp.sum(jax.nn.relu(y))
+
+        g = jax.grad(loss)(w)
+        z = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, g))[1]
+        return w - 0.1 * z
+
+    g = al.trace(al.Workload(step, (al.spec((8, 16), ("d_in", "d_out")), al.spec((4, 8), ("batch", "d_in")))))
+    al.check_graph(g)
+    assert g.opaque == []
+    assert {lp.kind for lp in g.loops} == {"scan", "while"}
+    assert any(op.primitive == "cond" for op in g.ops)
+    assert any(op.scope and op.scope[0].startswith("cond.") for op in g.ops)
+    assert g.tensors[g.outputs[0]].dims == ("d_in", "d_out")
+
+
+def test_a_primitive_without_a_rule_is_an_opaque_op_not_a_crash():
+    def step(x):  # reduce_window_sum has no dim rule
+        y = lax.reduce_window(x, 0.0, lax.add, (1, 2), (1, 2), "VALID")
+        return jnp.sum(y * 2.0)
+
+    g = al.trace(al.Workload(step, (al.spec((4, 8), ("batch", "d")),)))
+    al.check_graph(g)
+    assert [op.primitive for op in g.opaque] == ["reduce_window_sum"]
+    assert "no dim rule" in g.opaque[0].param("reason")
+    assert g.opaque[0].opaque and g.dims["batch"] == 4
+
+
+def test_one_name_with_two_sizes_is_an_error():
+    def step(a, b):
+        return jnp.sum(a) + jnp.sum(b)
+
+    wl = al.Workload(step, (al.spec((4, 8), ("batch", "d")), al.spec((5,), ("batch",))))
+    with pytest.raises(al.WorkloadError, match="dim 'batch' has size 4 on a axis 0 but 5 on b axis 0"):
+        al.trace(wl)
+
+
+def test_a_step_that_does_not_trace_is_a_trace_error():
+    wl = al.Workload(lambda x: x @ x, (al.spec((4, 8), ("a", "b")),), name="broken")
+    with pytest.raises(al.TraceError, match="jax.make_jaxpr of workload 'broken' failed: TypeError"):
+        al.trace(wl)
+
+
+@pytest.mark.parametrize(
+    "shape, dims, message",
+    [
+        ((4, 8), ("a",), r"has 2 axes but 1 dim names"),
+        ((4, 8), ("a", "a"), r"names dim 'a' on two axes"),
+        ((4, 8), ("a", ""), r"non-empty strings or None"),
+    ],
+)
+def test_bad_specs_are_errors(shape, dims, message):
+    with pytest.raises(al.WorkloadError, match=message):
+        al.spec(shape, dims)
+
+
+def test_tracing_allocates_nothing():
+    before = len(jax.live_arrays())
+    al.trace(load_model("gpt", size="gpt3-xl", layers=2))
+    assert len(jax.live_arrays()) == before
