@@ -68,18 +68,28 @@ def hw_cmd(name: str | None) -> None:
         example = {"tpu": f"{fam}-256", "gpu": f"{fam}-64", "cpu": "cpu-8"}[h.kind]
         bf16 = h.chip.peak_flops.get("bf16", max(h.chip.peak_flops.values()))
         approx = " (approximate)" if h.approximate else ""
-        click.echo(f"{fam:<14} {h.kind:<5} {bf16:>12.3g} {h.chip.hbm_bytes / 2**30:>8.1f}  {example}{approx}")
+        click.echo(
+            f"{fam:<14} {h.kind:<5} {bf16:>12.3g} {h.chip.hbm_bytes / 2**30:>8.1f}  {example}{approx}"
+        )
 
 
 @main.command("trace")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="An option for the model's workload().")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option for the model's workload().",
+)
 def trace_cmd(model: str, sets: tuple[str, ...]) -> None:
     """Trace MODEL.py's train step: named dims with sizes, op counts by kind, opaque ops."""
     wl = load_workload(model, **parse_sets(sets))
     g = trace(wl)
     families = g.families
-    click.echo(f"{g.name}: {len(g.ops)} ops, {len(g.inputs)} inputs, {g.total_flops:.4g} FLOPs per step")
+    click.echo(
+        f"{g.name}: {len(g.ops)} ops, {len(g.inputs)} inputs, {g.total_flops:.4g} FLOPs per step"
+    )
     click.echo("\ndims:")
     for name, d in g.dim_info.items():
         fam = families[d.family]
@@ -91,7 +101,9 @@ def trace_cmd(model: str, sets: tuple[str, ...]) -> None:
     for prim, n in counts.most_common():
         click.echo(f"  {prim:<28} {n:>8}")
     for loop in g.loops:
-        click.echo(f"\n{loop.kind} {loop.name}: {len(loop.ops)} body ops x {loop.length if loop.length_known else '?'} trips")
+        click.echo(
+            f"\n{loop.kind} {loop.name}: {len(loop.ops)} body ops x {loop.length if loop.length_known else '?'} trips"
+        )
     click.echo(f"\nopaque ops: {len(g.opaque)}")
     for op in g.opaque:
         click.echo(f"  {op.name}: {op.param('reason')}")

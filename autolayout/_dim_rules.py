@@ -73,7 +73,10 @@ def _rev(b, eqn, ins, outs):
 @register("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 def _cumulative(b, eqn, ins, outs):
     _, flops = _elementwise(b, eqn, ins, outs)
-    return {"scan_axis": eqn.params["axis"], "reverse": bool(eqn.params.get("reverse", False))}, flops
+    return {
+        "scan_axis": eqn.params["axis"],
+        "reverse": bool(eqn.params.get("reverse", False)),
+    }, flops
 
 
 # --- contractions ---------------------------------------------------------------------------
@@ -99,7 +102,10 @@ def _dot_general(b, eqn, ins, outs):
             b.link((rhs, ri), (out, k))
             k += 1
     contracted = _size(tuple(ls[i] for i in lc))
-    params = {"contracting": tuple(zip(lc, rc)), "batch": tuple(zip(lb, rb))}
+    params = {
+        "contracting": tuple(zip(lc, rc, strict=True)),
+        "batch": tuple(zip(lb, rb, strict=True)),
+    }
     return params, 2.0 * _size(b.shape(out)) * contracted
 
 
@@ -173,7 +179,9 @@ def _transpose(b, eqn, ins, outs):
     return {"permutation": tuple(perm)}, 0.0
 
 
-def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def reshape_groups(
+    src: tuple[int, ...], dst: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Pairs of axis groups whose sizes multiply to the same number (size-1 axes left out).
 
     ``(8, 12, 64) -> (8, 768)`` gives ``[((0,), (0,)), ((1, 2), (1,))]``: axis 0 is kept,

@@ -43,7 +43,11 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
         "memory_headroom": ("frac", "fraction of HBM a plan may use", True),
     },
     "naming": {
-        "counts": ("counts", "what N in 'family-N' counts: 'chips', 'cores', 'gpus' or 'devices'", True),
+        "counts": (
+            "counts",
+            "what N in 'family-N' counts: 'chips', 'cores', 'gpus' or 'devices'",
+            True,
+        ),
         "max_chips": ("int", "the largest slice or cluster in chips", True),
         "chips_per_host": ("int", "chips per host", False),
     },
@@ -171,7 +175,9 @@ class Hardware:
         ]
         t = self.topology
         if isinstance(t, Torus):
-            lines.append(f"  ICI          {t.link_bandwidth:.3g} B/s per link one way, {t.latency_s:.2g} s per hop")
+            lines.append(
+                f"  ICI          {t.link_bandwidth:.3g} B/s per link one way, {t.latency_s:.2g} s per hop"
+            )
             if t.dcn_bandwidth:
                 lines.append(f"  DCN          {t.dcn_bandwidth:.3g} B/s per chip")
         else:
@@ -260,13 +266,18 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     for sec, body in raw.items():
         if isinstance(body, dict) and sec not in allowed:
             raise HardwareError(
-                f"{where}: unknown section [{sec}] for a {kind} profile; expected " + ", ".join(f"[{s}]" for s in allowed)
+                f"{where}: unknown section [{sec}] for a {kind} profile; expected "
+                + ", ".join(f"[{s}]" for s in allowed)
             )
     for sec in allowed:
         if sec not in raw:
             if sec in _OPTIONAL_SECTIONS[kind]:
                 continue
-            raise HardwareError(f"{where}: missing section [{sec}] (a {kind} profile needs " + ", ".join(f"[{s}]" for s in _SECTIONS_BY_KIND[kind]) + ")")
+            raise HardwareError(
+                f"{where}: missing section [{sec}] (a {kind} profile needs "
+                + ", ".join(f"[{s}]" for s in _SECTIONS_BY_KIND[kind])
+                + ")"
+            )
         out[sec] = _check_section(where, sec, raw[sec])
     return out
 
@@ -276,7 +287,9 @@ def _check_section(where: str, sec: str, body: dict[str, Any]) -> dict[str, Any]
     label = f"[{sec}]" if sec else "the top level"
     for k in body:
         if k not in schema:
-            raise HardwareError(f"{where}: unknown key {_dotted(sec, k)!r}; {label} takes " + ", ".join(schema))
+            raise HardwareError(
+                f"{where}: unknown key {_dotted(sec, k)!r}; {label} takes " + ", ".join(schema)
+            )
     out = {}
     for k, (typ, what, required) in schema.items():
         if k not in body:
@@ -326,13 +339,17 @@ def _tpu(name: str, prof: dict[str, Any], where: str, count: str) -> tuple[int, 
     if "x" in count:
         shape = tuple(int(s) for s in count.split("x"))
         if len(shape) != ndim:
-            raise HardwareError(f"hardware {name!r}: {prof['']['family']} is a {ndim}-D torus, got topology {count}")
+            raise HardwareError(
+                f"hardware {name!r}: {prof['']['family']} is a {ndim}-D torus, got topology {count}"
+            )
         chips = math.prod(shape)
     else:
         n = int(count)
         per = chip.get("cores_per_chip", 1) if naming["counts"] == "cores" else 1
         if n % per:
-            raise HardwareError(f"hardware {name!r}: {prof['']['family']} slice names count TensorCores ({per} per chip); {n} is not a multiple of {per}")
+            raise HardwareError(
+                f"hardware {name!r}: {prof['']['family']} slice names count TensorCores ({per} per chip); {n} is not a multiple of {per}"
+            )
         chips = n // per
         if chips & (chips - 1):
             raise HardwareError(
@@ -340,32 +357,51 @@ def _tpu(name: str, prof: dict[str, Any], where: str, count: str) -> tuple[int, 
             )
         shape = _torus_shape(chips, ndim)
     if chips > naming["max_chips"]:
-        raise HardwareError(f"hardware {name!r}: {chips} chips exceeds the largest {prof['']['family']} slice ({naming['max_chips']} chips, {where})")
+        raise HardwareError(
+            f"hardware {name!r}: {chips} chips exceeds the largest {prof['']['family']} slice ({naming['max_chips']} chips, {where})"
+        )
     dcn = prof.get("dcn", {}).get("bandwidth_per_chip")
-    return chips, Torus(shape, _wraparound(prof, shape), ici["link_bandwidth"], ici["latency_s"], dcn)
+    return chips, Torus(
+        shape, _wraparound(prof, shape), ici["link_bandwidth"], ici["latency_s"], dcn
+    )
 
 
 def _gpu(name: str, prof: dict[str, Any], n: int) -> Cluster:
     nv, net = prof["nvlink"], prof["network"]
     per = nv["domain_size"]
     if n > per and n % per:
-        raise HardwareError(f"hardware {name!r}: {n} GPUs is not a whole number of {per}-GPU NVLink domains")
+        raise HardwareError(
+            f"hardware {name!r}: {n} GPUs is not a whole number of {per}-GPU NVLink domains"
+        )
     if n > prof["naming"]["max_chips"]:
-        raise HardwareError(f"hardware {name!r}: {n} GPUs exceeds the profile's largest cluster ({prof['naming']['max_chips']})")
+        raise HardwareError(
+            f"hardware {name!r}: {n} GPUs exceeds the profile's largest cluster ({prof['naming']['max_chips']})"
+        )
     nodes, per_node = (1, n) if n <= per else (n // per, per)
-    return Cluster(nodes, per_node, nv["bandwidth"], nv["latency_s"], net["bandwidth_per_gpu"], net["latency_s"])
+    return Cluster(
+        nodes,
+        per_node,
+        nv["bandwidth"],
+        nv["latency_s"],
+        net["bandwidth_per_gpu"],
+        net["latency_s"],
+    )
 
 
 def _build(name: str, prof: dict[str, Any], where: str, count: str | None) -> Hardware:
     top = prof[""]
     kind = top["kind"]
     c = prof["chip"]
-    chip = Chip(dict(c["peak_flops"]), c["hbm_bytes"], c["hbm_bandwidth"], c.get("cores_per_chip", 1))
+    chip = Chip(
+        dict(c["peak_flops"]), c["hbm_bytes"], c["hbm_bandwidth"], c.get("cores_per_chip", 1)
+    )
     e = prof["efficiency"]
     eff = Efficiency(e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"])
     if count is None:
         if "devices" not in top and kind == "tpu":
-            raise HardwareError(f"hardware {name!r}: a TPU name needs a slice size, e.g. {top['family']}-8; {NAMING_RULE}")
+            raise HardwareError(
+                f"hardware {name!r}: a TPU name needs a slice size, e.g. {top['family']}-8; {NAMING_RULE}"
+            )
         count = str(top.get("devices", 1))
     if kind == "tpu":
         n, topo = _tpu(name, prof, where, count)
@@ -378,7 +414,18 @@ def _build(name: str, prof: dict[str, Any], where: str, count: str | None) -> Ha
         topo = Cluster(1, n, h["bandwidth"], h["latency_s"])
     if n < 1:
         raise HardwareError(f"hardware {name!r}: needs at least one device")
-    return Hardware(name, top["family"], kind, n, chip, topo, eff, where, top.get("description", ""), top.get("approximate", False))
+    return Hardware(
+        name,
+        top["family"],
+        kind,
+        n,
+        chip,
+        topo,
+        eff,
+        where,
+        top.get("description", ""),
+        top.get("approximate", False),
+    )
 
 
 def hardware(name: str | Path) -> Hardware:
@@ -402,6 +449,8 @@ def hardware(name: str | Path) -> Hardware:
         fam = f"tpu-{fam}"
     fam = _ALIASES.get(fam, fam)
     if fam not in families:
-        raise HardwareError(f"unknown hardware {s!r}: known families are {', '.join(families)}; {NAMING_RULE}")
+        raise HardwareError(
+            f"unknown hardware {s!r}: known families are {', '.join(families)}; {NAMING_RULE}"
+        )
     path = _profile_dir() / f"{fam}.toml"
     return _build(s, load_profile(path), f"hw_profiles/{fam}.toml", count)

@@ -170,7 +170,9 @@ def check_graph(g: Graph) -> None:
                 if dim not in g.dim_info:
                     fail(f"tensor {t.name} axis {axis} carries unknown dim {dim!r}")
                 if g.dim_info[dim].size != size:
-                    fail(f"tensor {t.name} axis {axis} has size {size}, dim {dim!r} has size {g.dims[dim]}")
+                    fail(
+                        f"tensor {t.name} axis {axis} has size {size}, dim {dim!r} has size {g.dims[dim]}"
+                    )
                 if dim in seen:
                     fail(f"tensor {t.name} carries dim {dim!r} twice")
                 seen.add(dim)

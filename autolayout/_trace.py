@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.extend.core import Literal
 import numpy as np
+from jax.extend.core import Literal
 
 from ._dim_rules import DIM_RULES
 from ._errors import TraceError, WorkloadError
@@ -403,7 +403,12 @@ def _families(b: _Builder) -> _UnionFind:
 
 
 def _dims(
-    b: _Builder, owner: list[int], sizes: list[int], inputs: list[int], fam: _UnionFind, live: set[int]
+    b: _Builder,
+    owner: list[int],
+    sizes: list[int],
+    inputs: list[int],
+    fam: _UnionFind,
+    live: set[int],
 ) -> _UnionFind:
     """Union-find that keeps one axis per tensor and one user name per class."""
     uf = _UnionFind(b.nax)
@@ -469,7 +474,9 @@ def _dims(
     return uf
 
 
-def _name_dims(b: _Builder, inputs: list[int], live: set[int]) -> tuple[list[str | None], dict[str, Dim]]:
+def _name_dims(
+    b: _Builder, inputs: list[int], live: set[int]
+) -> tuple[list[str | None], dict[str, Dim]]:
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     fam = _families(b)
@@ -547,7 +554,9 @@ def trace(workload: Workload) -> Graph:
     try:
         closed = jax.make_jaxpr(workload.fn)(*workload.args)
     except Exception as e:
-        raise TraceError(f"jax.make_jaxpr of workload {workload.name!r} failed: {type(e).__name__}: {e}") from e
+        raise TraceError(
+            f"jax.make_jaxpr of workload {workload.name!r} failed: {type(e).__name__}: {e}"
+        ) from e
     jaxpr = closed.jaxpr
     if len(jaxpr.invars) != len(leaves):
         raise TraceError(

@@ -54,7 +54,9 @@ def spec(shape: Sequence[int], dims: Sequence[str | None], dtype: Any = jnp.floa
     named = [d for d in dims if d is not None]
     for d in named:
         if not isinstance(d, str) or not d:
-            raise WorkloadError(f"spec{shape}: dim names must be non-empty strings or None, got {d!r}")
+            raise WorkloadError(
+                f"spec{shape}: dim names must be non-empty strings or None, got {d!r}"
+            )
     dup = sorted({d for d in named if named.count(d) > 1})
     if dup:
         raise WorkloadError(
@@ -142,7 +144,9 @@ class Workload:
         donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
         for i in donate:
             if not 0 <= i < len(args):
-                raise WorkloadError(f"donate_argnums has {i}, but the step takes {len(args)} arguments")
+                raise WorkloadError(
+                    f"donate_argnums has {i}, but the step takes {len(args)} arguments"
+                )
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "args", args)
         object.__setattr__(self, "donate_argnums", donate)
@@ -182,7 +186,9 @@ def load_workload(path: str | Path, **options: Any) -> Workload:
         mspec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[modname]
-        raise ModelFileError(f"{path}: importing the model file raised {type(e).__name__}: {e}") from e
+        raise ModelFileError(
+            f"{path}: importing the model file raised {type(e).__name__}: {e}"
+        ) from e
     finally:
         if added:
             sys.path.remove(folder)
@@ -197,7 +203,9 @@ def load_workload(path: str | Path, **options: Any) -> Workload:
         shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
         raise ModelFileError(f"{path}: workload({shown}) raised {type(e).__name__}: {e}") from e
     if not isinstance(wl, Workload):
-        raise ModelFileError(f"{path}: workload() returned {type(wl).__name__}, expected al.Workload")
+        raise ModelFileError(
+            f"{path}: workload() returned {type(wl).__name__}, expected al.Workload"
+        )
     if not wl.options:
         object.__setattr__(wl, "options", dict(options))
     return wl

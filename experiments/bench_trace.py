@@ -34,13 +34,19 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96)) -> pd.DataFrame:
     rows = []
     for scan in (False, True):
         for layers in layer_counts:
-            wl = al.load_workload(ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers, scan=scan)
+            wl = al.load_workload(
+                ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers, scan=scan
+            )
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             t0 = time.perf_counter()
             g = al.trace(wl)
             wall = time.perf_counter() - t0
             rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            params = sum(g.tensors[t].size for t in g.inputs if (g.tensors[t].path or "").startswith("params/"))
+            params = sum(
+                g.tensors[t].size
+                for t in g.inputs
+                if (g.tensors[t].path or "").startswith("params/")
+            )
             rows.append(
                 dict(
                     layers=layers,
@@ -66,7 +72,12 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96)) -> pd.DataFrame:
     (OUT / "bench_trace.json").write_text(json.dumps(meta, indent=2))
     fig, ax = plt.subplots(figsize=(6, 4))
     for scan, part in df.groupby("scan"):
-        ax.plot(part["layers"], part["trace_s"], marker="o", label="lax.scan stack" if scan else "unrolled")
+        ax.plot(
+            part["layers"],
+            part["trace_s"],
+            marker="o",
+            label="lax.scan stack" if scan else "unrolled",
+        )
     ax.axhline(30, color="grey", ls="--", lw=1, label="goal: 30 s for 96 layers")
     ax.set_xlabel("layers (GPT-3 175B widths)")
     ax.set_ylabel("al.trace wall time (s)")

@@ -18,7 +18,9 @@ def _tiny_graph(**changes) -> al.Graph:
         links=((("t0", 1), ("t1", 0)), (("t0", 0), ("t2", 0)), (("t1", 1), ("t2", 1))),
     )  # fmt: skip
     dims = {n: al.Dim(n, s, n, True) for n, s in (("batch", 4), ("d", 8), ("f", 16))}
-    fields = dict(name="tiny", ops=(op,), tensors=tensors, dim_info=dims, inputs=("t0", "t1"), outputs=("t2",))
+    fields = dict(
+        name="tiny", ops=(op,), tensors=tensors, dim_info=dims, inputs=("t0", "t1"), outputs=("t2",)
+    )
     fields.update(changes)
     return al.Graph(**fields)
 
@@ -42,7 +44,11 @@ def test_check_graph_catches_a_dim_of_the_wrong_size():
 
 
 def test_check_graph_catches_a_dim_twice_in_one_tensor():
-    dims = {"d": al.Dim("d", 8, "d"), "batch": al.Dim("batch", 4, "batch"), "f": al.Dim("f", 16, "f")}
+    dims = {
+        "d": al.Dim("d", 8, "d"),
+        "batch": al.Dim("batch", 4, "batch"),
+        "f": al.Dim("f", 16, "f"),
+    }
     bad = dict(_tiny_graph().tensors)
     bad["t1"] = al.Tensor("t1", (8, 8), "float32", ("d", "d"), role="input", path="w")
     with pytest.raises(GraphInvariantError, match="carries dim 'd' twice"):
@@ -52,7 +58,15 @@ def test_check_graph_catches_a_dim_twice_in_one_tensor():
 def test_check_graph_catches_use_before_definition():
     g = _tiny_graph()
     with pytest.raises(GraphInvariantError, match="reads t0 before any op writes it"):
-        al.check_graph(_tiny_graph(inputs=("t1",), tensors={**g.tensors, "t0": dataclasses.replace(g.tensors["t0"], role="intermediate")}))
+        al.check_graph(
+            _tiny_graph(
+                inputs=("t1",),
+                tensors={
+                    **g.tensors,
+                    "t0": dataclasses.replace(g.tensors["t0"], role="intermediate"),
+                },
+            )
+        )
 
 
 def test_check_graph_catches_links_of_unequal_sizes():

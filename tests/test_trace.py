@@ -38,7 +38,11 @@ def test_a_weight_its_gradient_and_its_adam_moments_share_dims(gpt_graph):
         nu = g.input_tensor(f"opt_state/0/nu/layers/0/{name}")
         assert w.dims == mu.dims == nu.dims
         # the gradient: the dot_general that produces a tensor of the weight's shape
-        grads = [g.tensors[op.outputs[0]] for op, _ in _dot_dims(g) if g.tensors[op.outputs[0]].shape == w.shape]
+        grads = [
+            g.tensors[op.outputs[0]]
+            for op, _ in _dot_dims(g)
+            if g.tensors[op.outputs[0]].shape == w.shape
+        ]
         assert grads and all(t.dims == w.dims for t in grads), name
     # the updated parameters and moments come out with the same dims
     out_dims = {g.tensors[t].dims for t in g.outputs if g.tensors[t].shape == w.shape}
@@ -69,7 +73,9 @@ def test_scanned_gpt_is_one_layer_body_with_trip_count_layers():
     assert stacked.dims == ("layers", "d_model", "heads", "head_dim") and g.dims["layers"] == layers
     # the scanned and unrolled steps do the same work
     unrolled = al.trace(load_model("gpt", layers=layers))
-    flops = lambda gr: sum(op.flops * op.trip_count for op in gr.ops if op.primitive == "dot_general")  # noqa: E731
+    flops = lambda gr: sum(
+        op.flops * op.trip_count for op in gr.ops if op.primitive == "dot_general"
+    )  # noqa: E731
     assert flops(g) == pytest.approx(flops(unrolled))
 
 
@@ -83,7 +89,11 @@ def test_remat_recomputation_is_traced_as_work():
 @pytest.mark.parametrize(
     "name, options",
     [(m, {}) for m in MODEL_NAMES]
-    + [("gpt", {"scan": True, "remat": "full"}), ("gpt", {"mlp": "swiglu", "remat": "minimal"}), ("moe", {"experts": 8})],
+    + [
+        ("gpt", {"scan": True, "remat": "full"}),
+        ("gpt", {"mlp": "swiglu", "remat": "minimal"}),
+        ("moe", {"experts": 8}),
+    ],
 )
 def test_every_example_model_traces_with_no_opaque_op(name, options):
     g = al.trace(load_model(name, **options))
@@ -114,7 +124,9 @@ def test_moe_has_an_experts_dim_on_its_expert_einsums():
     assert g.dims["experts"] == 4
     w1 = g.input_tensor("params/layers/0/w1")
     assert w1.dims == ("experts", "d_model", "d_ff")
-    assert any(op.primitive == "top_k" for op in g.ops) and any(op.primitive == "cumsum" for op in g.ops)
+    assert any(op.primitive == "top_k" for op in g.ops) and any(
+        op.primitive == "cumsum" for op in g.ops
+    )
 
 
 def test_t5_cross_attention_relates_two_sequence_families():
@@ -138,7 +150,9 @@ def test_user_names_never_merge_into_each_other():
     def step(a, b):  # a's "rows" meets b's "cols" in the contraction
         return jnp.sum(a @ b)
 
-    g = al.trace(al.Workload(step, (al.spec((4, 8), ("m", "rows")), al.spec((8, 5), ("cols", "n")))))
+    g = al.trace(
+        al.Workload(step, (al.spec((4, 8), ("m", "rows")), al.spec((8, 5), ("cols", "n"))))
+    )
     assert {"rows", "cols"} <= set(g.dims)
     assert g.dim_info["rows"].family == g.dim_info["cols"].family
 
@@ -147,7 +161,12 @@ def test_inferred_names_come_from_the_input_path():
     def step(params, x):
         return jnp.sum(x @ params["w"])
 
-    g = al.trace(al.Workload(step, ({"w": jax.ShapeDtypeStruct((8, 16), jnp.float32)}, al.spec((4, 8), ("batch", None)))))
+    g = al.trace(
+        al.Workload(
+            step,
+            ({"w": jax.ShapeDtypeStruct((8, 16), jnp.float32)}, al.spec((4, 8), ("batch", None))),
+        )
+    )
     assert g.input_tensor("params/w").dims == ("params/w.0", "params/w.1")
     assert g.input_tensor("x").dims == ("batch", "params/w.0")
 
@@ -170,7 +189,9 @@ def test_control_flow_and_custom_derivatives_are_walked():
         z = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, g))[1]
         return w - 0.1 * z
 
-    g = al.trace(al.Workload(step, (al.spec((8, 16), ("d_in", "d_out")), al.spec((4, 8), ("batch", "d_in")))))
+    g = al.trace(
+        al.Workload(step, (al.spec((8, 16), ("d_in", "d_out")), al.spec((4, 8), ("batch", "d_in"))))
+    )
     al.check_graph(g)
     assert g.opaque == []
     assert {lp.kind for lp in g.loops} == {"scan", "while"}
@@ -196,13 +217,17 @@ def test_one_name_with_two_sizes_is_an_error():
         return jnp.sum(a) + jnp.sum(b)
 
     wl = al.Workload(step, (al.spec((4, 8), ("batch", "d")), al.spec((5,), ("batch",))))
-    with pytest.raises(al.WorkloadError, match="dim 'batch' has size 4 on a axis 0 but 5 on b axis 0"):
+    with pytest.raises(
+        al.WorkloadError, match="dim 'batch' has size 4 on a axis 0 but 5 on b axis 0"
+    ):
         al.trace(wl)
 
 
 def test_a_step_that_does_not_trace_is_a_trace_error():
     wl = al.Workload(lambda x: x @ x, (al.spec((4, 8), ("a", "b")),), name="broken")
-    with pytest.raises(al.TraceError, match="jax.make_jaxpr of workload 'broken' failed: TypeError"):
+    with pytest.raises(
+        al.TraceError, match="jax.make_jaxpr of workload 'broken' failed: TypeError"
+    ):
         al.trace(wl)
 
 

@@ -7,13 +7,18 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import autolayout as al
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "f32": jnp.float32, "bf16": jnp.bfloat16}
+DTYPES = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "f32": jnp.float32,
+    "bf16": jnp.bfloat16,
+}
 
 
 def dtype_of(name: str) -> Any:
@@ -28,7 +33,9 @@ def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def attention(x: jax.Array, p: dict, *, kv: jax.Array | None = None, causal: bool = False) -> jax.Array:
+def attention(
+    x: jax.Array, p: dict, *, kv: jax.Array | None = None, causal: bool = False
+) -> jax.Array:
     """Multi-head attention; weights ``wq/wk/wv [d_model, heads, head_dim]``, ``wo [heads, head_dim, d_model]``."""
     src = x if kv is None else kv
     q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
@@ -117,5 +124,10 @@ def train_workload(
         return real, opt.init(real), make_batch(rng)
 
     return al.Workload(
-        train_step, (params, opt_state, batch), donate_argnums=(0, 1), name=name, init=init, options=options
+        train_step,
+        (params, opt_state, batch),
+        donate_argnums=(0, 1),
+        name=name,
+        init=init,
+        options=options,
     )

@@ -12,7 +12,6 @@ Options: ``size`` (a preset below), any of its fields to override (``layers``, `
 from __future__ import annotations
 
 import _blocks as nn
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -22,14 +21,51 @@ import autolayout as al
 # padded to 50304 (a multiple of 64 and 128) as Megatron-LM does.
 SIZES = {
     "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=256, vocab=512, seq=32, batch=8),
-    "gpt3-small": dict(layers=12, d_model=768, heads=12, head_dim=64, d_ff=3072, vocab=50304, seq=2048, batch=256),
-    "gpt3-medium": dict(layers=24, d_model=1024, heads=16, head_dim=64, d_ff=4096, vocab=50304, seq=2048, batch=256),
-    "gpt3-large": dict(layers=24, d_model=1536, heads=16, head_dim=96, d_ff=6144, vocab=50304, seq=2048, batch=256),
-    "gpt3-xl": dict(layers=24, d_model=2048, heads=16, head_dim=128, d_ff=8192, vocab=50304, seq=2048, batch=512),
-    "gpt3-2.7b": dict(layers=32, d_model=2560, heads=32, head_dim=80, d_ff=10240, vocab=50304, seq=2048, batch=512),
-    "gpt3-6.7b": dict(layers=32, d_model=4096, heads=32, head_dim=128, d_ff=16384, vocab=50304, seq=2048, batch=1024),
-    "gpt3-13b": dict(layers=40, d_model=5120, heads=40, head_dim=128, d_ff=20480, vocab=50304, seq=2048, batch=1024),
-    "gpt3-175b": dict(layers=96, d_model=12288, heads=96, head_dim=128, d_ff=49152, vocab=50304, seq=2048, batch=1536),
+    "gpt3-small": dict(
+        layers=12, d_model=768, heads=12, head_dim=64, d_ff=3072, vocab=50304, seq=2048, batch=256
+    ),
+    "gpt3-medium": dict(
+        layers=24, d_model=1024, heads=16, head_dim=64, d_ff=4096, vocab=50304, seq=2048, batch=256
+    ),
+    "gpt3-large": dict(
+        layers=24, d_model=1536, heads=16, head_dim=96, d_ff=6144, vocab=50304, seq=2048, batch=256
+    ),
+    "gpt3-xl": dict(
+        layers=24, d_model=2048, heads=16, head_dim=128, d_ff=8192, vocab=50304, seq=2048, batch=512
+    ),
+    "gpt3-2.7b": dict(
+        layers=32, d_model=2560, heads=32, head_dim=80, d_ff=10240, vocab=50304, seq=2048, batch=512
+    ),
+    "gpt3-6.7b": dict(
+        layers=32,
+        d_model=4096,
+        heads=32,
+        head_dim=128,
+        d_ff=16384,
+        vocab=50304,
+        seq=2048,
+        batch=1024,
+    ),
+    "gpt3-13b": dict(
+        layers=40,
+        d_model=5120,
+        heads=40,
+        head_dim=128,
+        d_ff=20480,
+        vocab=50304,
+        seq=2048,
+        batch=1024,
+    ),
+    "gpt3-175b": dict(
+        layers=96,
+        d_model=12288,
+        heads=96,
+        head_dim=128,
+        d_ff=49152,
+        vocab=50304,
+        seq=2048,
+        batch=1536,
+    ),
 }
 
 
@@ -55,13 +91,22 @@ def block(x, p, mlp: str):
     return x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, mlp)
 
 
-def workload(size: str = "tiny", mlp: str = "gelu", remat: str = "none", scan: bool = False, dtype: str | None = None, **overrides) -> al.Workload:
+def workload(
+    size: str = "tiny",
+    mlp: str = "gelu",
+    remat: str = "none",
+    scan: bool = False,
+    dtype: str | None = None,
+    **overrides,
+) -> al.Workload:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
     c = dict(SIZES[size])
     unknown = sorted(set(overrides) - set(c))
     if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}; options are size, mlp, remat, scan, dtype, {', '.join(c)}")
+        raise ValueError(
+            f"unknown option {unknown[0]!r}; options are size, mlp, remat, scan, dtype, {', '.join(c)}"
+        )
     c.update({k: int(v) for k, v in overrides.items()})
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, V, S, B = c["layers"], c["d_model"], c["vocab"], c["seq"], c["batch"]
@@ -94,4 +139,6 @@ def workload(size: str = "tiny", mlp: str = "gelu", remat: str = "none", scan: b
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name, **c)
-    return nn.train_workload(loss_fn, params, batch, make_batch, name=f"gpt-{size}", options=options)
+    return nn.train_workload(
+        loss_fn, params, batch, make_batch, name=f"gpt-{size}", options=options
+    )

@@ -1,6 +1,6 @@
 """A multi-layer perceptron regression train step (Adam): the smallest example.
 
-    autolayout trace experiments/models/mlp.py --set hidden=4096 --set layers=4
+autolayout trace experiments/models/mlp.py --set hidden=4096 --set layers=4
 """
 
 from __future__ import annotations
@@ -12,15 +12,28 @@ import jax.numpy as jnp
 import autolayout as al
 
 
-def workload(batch: int = 32, d_in: int = 64, hidden: int = 256, d_out: int = 16, layers: int = 2, dtype: str = "float32") -> al.Workload:
+def workload(
+    batch: int = 32,
+    d_in: int = 64,
+    hidden: int = 256,
+    d_out: int = 16,
+    layers: int = 2,
+    dtype: str = "float32",
+) -> al.Workload:
     if layers < 2:
         raise ValueError(f"layers must be at least 2, got {layers}")
     dt = nn.dtype_of(dtype)
     names = ["d_in"] + [f"hidden{i}" for i in range(1, layers)] + ["d_out"]
     sizes = [d_in] + [hidden] * (layers - 1) + [d_out]
-    params = {f"w{i}": al.spec((sizes[i], sizes[i + 1]), (names[i], names[i + 1]), dt) for i in range(layers)}
+    params = {
+        f"w{i}": al.spec((sizes[i], sizes[i + 1]), (names[i], names[i + 1]), dt)
+        for i in range(layers)
+    }
     params |= {f"b{i}": al.spec((sizes[i + 1],), (names[i + 1],), dt) for i in range(layers)}
-    data = {"x": al.spec((batch, d_in), ("batch", "d_in"), dt), "y": al.spec((batch, d_out), ("batch", "d_out"), dt)}
+    data = {
+        "x": al.spec((batch, d_in), ("batch", "d_in"), dt),
+        "y": al.spec((batch, d_out), ("batch", "d_out"), dt),
+    }
 
     def loss_fn(params, data):
         h = data["x"]

@@ -20,9 +20,31 @@ import jax.numpy as jnp
 import autolayout as al
 
 SIZES = {
-    "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, experts=4, vocab=512, seq=32, batch=8),
-    "base": dict(layers=12, d_model=1024, heads=16, head_dim=64, d_ff=4096, experts=64, vocab=32768, seq=1024, batch=256),
-    "large": dict(layers=24, d_model=2048, heads=32, head_dim=64, d_ff=8192, experts=128, vocab=32768, seq=1024, batch=512),
+    "tiny": dict(
+        layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, experts=4, vocab=512, seq=32, batch=8
+    ),
+    "base": dict(
+        layers=12,
+        d_model=1024,
+        heads=16,
+        head_dim=64,
+        d_ff=4096,
+        experts=64,
+        vocab=32768,
+        seq=1024,
+        batch=256,
+    ),
+    "large": dict(
+        layers=24,
+        d_model=2048,
+        heads=32,
+        head_dim=64,
+        d_ff=8192,
+        experts=128,
+        vocab=32768,
+        seq=1024,
+        batch=512,
+    ),
 }
 
 
@@ -51,16 +73,33 @@ def moe_ffn(x, p, capacity: int):
     return y, balance
 
 
-def workload(size: str = "tiny", capacity_factor: float = 1.25, dtype: str | None = None, **overrides) -> al.Workload:
+def workload(
+    size: str = "tiny", capacity_factor: float = 1.25, dtype: str | None = None, **overrides
+) -> al.Workload:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
     c = dict(SIZES[size])
     unknown = sorted(set(overrides) - set(c))
     if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}; options are size, capacity_factor, dtype, {', '.join(c)}")
+        raise ValueError(
+            f"unknown option {unknown[0]!r}; options are size, capacity_factor, dtype, {', '.join(c)}"
+        )
     c.update({k: int(v) for k, v in overrides.items()})
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
-    L, d, h, k, f, E, V, S, B = (c[n] for n in ("layers", "d_model", "heads", "head_dim", "d_ff", "experts", "vocab", "seq", "batch"))
+    L, d, h, k, f, E, V, S, B = (
+        c[n]
+        for n in (
+            "layers",
+            "d_model",
+            "heads",
+            "head_dim",
+            "d_ff",
+            "experts",
+            "vocab",
+            "seq",
+            "batch",
+        )
+    )
     capacity = max(1, math.ceil(2 * S / E * capacity_factor))
     layer = {
         "ln1": al.spec((d,), ("d_model",), dt),
@@ -79,7 +118,10 @@ def workload(size: str = "tiny", capacity_factor: float = 1.25, dtype: str | Non
         "ln_f": al.spec((d,), ("d_model",), dt),
         "unembed": al.spec((d, V), ("d_model", "vocab"), dt),
     }
-    batch = {"tokens": al.spec((B, S), ("batch", "seq"), jnp.int32), "targets": al.spec((B, S), ("batch", "seq"), jnp.int32)}
+    batch = {
+        "tokens": al.spec((B, S), ("batch", "seq"), jnp.int32),
+        "targets": al.spec((B, S), ("batch", "seq"), jnp.int32),
+    }
 
     def loss_fn(params, batch):
         x = params["embed"][batch["tokens"]]
@@ -95,5 +137,9 @@ def workload(size: str = "tiny", capacity_factor: float = 1.25, dtype: str | Non
         toks = jnp.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
-    options = dict(size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity, **c)
-    return nn.train_workload(loss_fn, params, batch, make_batch, name=f"moe-{size}", options=options)
+    options = dict(
+        size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity, **c
+    )
+    return nn.train_workload(
+        loss_fn, params, batch, make_batch, name=f"moe-{size}", options=options
+    )

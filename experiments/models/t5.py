@@ -9,16 +9,55 @@ and across to the encoder's output; embeddings are shared. Sizes follow T5 1.1.
 from __future__ import annotations
 
 import _blocks as nn
-import jax
 import jax.numpy as jnp
 
 import autolayout as al
 
 SIZES = {
-    "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, vocab=512, enc_seq=32, dec_seq=16, batch=8),
-    "base": dict(layers=12, d_model=768, heads=12, head_dim=64, d_ff=2048, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
-    "large": dict(layers=24, d_model=1024, heads=16, head_dim=64, d_ff=2816, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
-    "xl": dict(layers=24, d_model=2048, heads=32, head_dim=64, d_ff=5120, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
+    "tiny": dict(
+        layers=2,
+        d_model=64,
+        heads=4,
+        head_dim=16,
+        d_ff=128,
+        vocab=512,
+        enc_seq=32,
+        dec_seq=16,
+        batch=8,
+    ),
+    "base": dict(
+        layers=12,
+        d_model=768,
+        heads=12,
+        head_dim=64,
+        d_ff=2048,
+        vocab=32128,
+        enc_seq=512,
+        dec_seq=128,
+        batch=128,
+    ),
+    "large": dict(
+        layers=24,
+        d_model=1024,
+        heads=16,
+        head_dim=64,
+        d_ff=2816,
+        vocab=32128,
+        enc_seq=512,
+        dec_seq=128,
+        batch=128,
+    ),
+    "xl": dict(
+        layers=24,
+        d_model=2048,
+        heads=32,
+        head_dim=64,
+        d_ff=5120,
+        vocab=32128,
+        enc_seq=512,
+        dec_seq=128,
+        batch=128,
+    ),
 }
 
 
@@ -43,7 +82,10 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
         }
 
     norm = al.spec((d,), ("d_model",), dt)
-    ffn = {"w1": al.spec((d, f), ("d_model", "d_ff"), dt), "w2": al.spec((f, d), ("d_ff", "d_model"), dt)}
+    ffn = {
+        "w1": al.spec((d, f), ("d_model", "d_ff"), dt),
+        "w2": al.spec((f, d), ("d_ff", "d_model"), dt),
+    }
     enc_layer = {"ln1": norm, "attn": attn(), "ln2": norm, **ffn}
     dec_layer = {"ln1": norm, "self": attn(), "ln2": norm, "cross": attn(), "ln3": norm, **ffn}
     params = {

@@ -48,7 +48,9 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r}; options are size, dtype, {', '.join(c)}")
     c.update({k: int(v) for k, v in overrides.items()})
-    B, V, C, n, cin, K = (c[k] for k in ("batch", "volume", "channels", "levels", "in_channels", "classes"))
+    B, V, C, n, cin, K = (
+        c[k] for k in ("batch", "volume", "channels", "levels", "in_channels", "classes")
+    )
     if V % 2 ** (n - 1):
         raise ValueError(f"volume {V} must be divisible by 2**(levels-1) = {2 ** (n - 1)}")
     dt = nn.dtype_of(dtype)
@@ -61,7 +63,12 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
     cn = [f"channels{i}" for i in range(n)]
     params = {"stem": w(cin, ch[0], "in_channels", cn[0]), "enc": [], "dec": []}
     for i in range(n):
-        params["enc"].append({"conv": w(ch[i], ch[i], cn[i], f"{cn[i]}_b"), "scale": al.spec((ch[i],), (f"{cn[i]}_b",), dt)})
+        params["enc"].append(
+            {
+                "conv": w(ch[i], ch[i], cn[i], f"{cn[i]}_b"),
+                "scale": al.spec((ch[i],), (f"{cn[i]}_b",), dt),
+            }
+        )
         if i < n - 1:
             params["enc"][-1]["down"] = w(ch[i], ch[i + 1], f"{cn[i]}_b", cn[i + 1])
     for i in reversed(range(n - 1)):
@@ -98,4 +105,6 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
         }
 
     options = dict(size=size, dtype=dtype, **c)
-    return nn.train_workload(loss_fn, params, batch, make_batch, name=f"unet3d-{size}", options=options)
+    return nn.train_workload(
+        loss_fn, params, batch, make_batch, name=f"unet3d-{size}", options=options
+    )

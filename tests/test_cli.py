@@ -1,0 +1,90 @@
+import pytest
+from click.testing import CliRunner
+from conftest import MODELS
+
+from autolayout._cli import main, parse_sets
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_hw_lists_every_family():
+    r = run("hw")
+    assert r.exit_code == 0
+    for fam in ("tpu-v4", "tpu-v5e", "h100", "gb200-nvl72", "cpu"):
+        assert fam in r.output
+
+
+def test_hw_shows_one_slice_with_its_topology():
+    r = run("hw", "tpu-v4-256")
+    assert r.exit_code == 0
+    assert "devices      128" in r.output and "4x4x8 torus (wrap,wrap,wrap)" in r.output
+
+
+def test_trace_prints_dims_op_counts_and_opaque_ops():
+    r = run("trace", str(MODELS / "gpt.py"), "--set", "scan=true", "--set", "layers=3")
+    assert r.exit_code == 0, r.output
+    assert "d_model                            64" in r.output
+    assert "layers                              3" in r.output
+    assert "(family seq: seq, seq#2)" in r.output
+    assert "dot_general" in r.output and "opaque ops: 0" in r.output
+    assert "x 3 trips" in r.output
+
+
+def test_set_values_are_parsed():
+    assert parse_sets(("size=gpt3-175b", "layers=4", "scan=true", "lr=1e-3")) == {
+        "size": "gpt3-175b", "layers": 4, "scan": True, "lr": 1e-3,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, r"error: model file '.*missing.py' does not exist"),
+        (
+            "x = 1\n",
+            r"error: .*model.py defines no workload\(\) function; a model file must define workload",
+        ),
+        (
+            "raise RuntimeError('boom')\n",
+            r"error: .*model.py: importing the model file raised RuntimeError: boom",
+        ),
+        (
+            "def workload(**kw):\n    raise ValueError('bad size')\n",
+            r"error: .*model.py: workload\(\) raised ValueError: bad size",
+        ),
+        (
+            "def workload(**kw):\n    return 3\n",
+            r"error: .*model.py: workload\(\) returned int, expected al.Workload",
+        ),
+    ],
+)
+def test_bad_model_files_are_one_line_errors(tmp_path, content, message):
+    import re
+
+    path = tmp_path / ("missing.py" if content is None else "model.py")
+    if content is not None:
+        path.write_text(content)
+    r = run("trace", str(path))
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and re.match(message, lines[0]), r.output
+    assert "Traceback" not in r.output
+
+
+def test_debug_shows_the_exception(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("raise RuntimeError('boom')\n")
+    r = run("--debug", "trace", str(path))
+    assert r.exit_code != 0 and isinstance(r.exception, Exception) and "boom" in str(r.exception)
+
+
+def test_unknown_hardware_is_a_one_line_error():
+    r = run("hw", "tpu-v9-8")
+    assert r.exit_code == 2 and r.output.startswith("error: unknown hardware 'tpu-v9-8'")
+
+
+def test_bad_set_is_a_usage_error():
+    r = run("trace", str(MODELS / "mlp.py"), "--set", "oops")
+    assert r.exit_code == 2 and "expected KEY=VALUE" in r.output
