@@ -73,9 +73,10 @@ def test_scanned_gpt_is_one_layer_body_with_trip_count_layers():
     assert stacked.dims == ("layers", "d_model", "heads", "head_dim") and g.dims["layers"] == layers
     # the scanned and unrolled steps do the same work
     unrolled = al.trace(load_model("gpt", layers=layers))
-    flops = lambda gr: sum(
-        op.flops * op.trip_count for op in gr.ops if op.primitive == "dot_general"
-    )  # noqa: E731
+
+    def flops(gr):
+        return sum(op.flops * op.trip_count for op in gr.ops if op.primitive == "dot_general")
+
     assert flops(g) == pytest.approx(flops(unrolled))
 
 
