@@ -27,6 +27,7 @@ from ._trace import trace as trace
 from ._workload import Spec as Spec
 from ._workload import Workload as Workload
 from ._workload import load_workload as load_workload
+from ._workload import name_dims as name_dims
 from ._workload import spec as spec
 
 __version__ = "0.1.0"

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 
 class Builder(Protocol):
+    user: dict[int, tuple[str | None, ...]]
+
     def shape(self, t: int | None) -> tuple[int, ...]: ...
     def link(self, *axes: tuple[int | None, int]) -> None: ...
 
@@ -62,6 +64,18 @@ def _elementwise(b, eqn, ins, outs):
                 for ax in range(rank):
                     b.link((o, ax), (i, ax))
     return {}, float(_size(b.shape(outs[0]))) if outs else 0.0
+
+
+@register("name")
+def _name(b, eqn, ins, outs):
+    """``checkpoint_name``: an identity; ``al.name_dims`` uses it to name an intermediate."""
+    from ._workload import parse_name_dims
+
+    _elementwise(b, eqn, ins, outs)
+    dims = parse_name_dims(str(eqn.params["name"]))
+    if dims is not None and len(dims) == len(b.shape(outs[0])):
+        b.user[outs[0]] = dims
+    return {"name": str(eqn.params["name"])}, 0.0
 
 
 @register("rev")

@@ -406,7 +406,6 @@ def _dims(
     b: _Builder,
     owner: list[int],
     sizes: list[int],
-    inputs: list[int],
     fam: _UnionFind,
     live: set[int],
 ) -> _UnionFind:
@@ -439,8 +438,10 @@ def _dims(
 
     first_of: dict[str, int] = {}
     where: dict[str, str] = {}
-    for t in inputs:
-        for axis, name in enumerate(b.user.get(t, ())):
+    for t in sorted(b.user):  # inputs first, then intermediates named with al.name_dims
+        if t not in live:
+            continue
+        for axis, name in enumerate(b.user[t]):
             if name is None or b.shapes[t][axis] <= 1:
                 continue
             k = b.key(t, axis)
@@ -449,12 +450,12 @@ def _dims(
                 if sizes[k0] != sizes[k]:
                     raise WorkloadError(
                         f"dim {name!r} has size {sizes[k0]} on {where[name]} but {sizes[k]} on "
-                        f"{b.paths[t]} axis {axis}; one name must mean one size"
+                        f"{b.paths[t] or b.producer.get(t)} axis {axis}; one name must mean one size"
                     )
                 union(k0, k)
             else:
                 first_of[name] = k
-                where[name] = f"{b.paths[t]} axis {axis}"
+                where[name] = f"{b.paths[t] or b.producer.get(t)} axis {axis}"
                 names[k] = name
     for x, y in b.links:
         if sizes[x] > 1:
@@ -480,7 +481,7 @@ def _name_dims(
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     fam = _families(b)
-    dim = _dims(b, owner, sizes, inputs, fam, live)
+    dim = _dims(b, owner, sizes, fam, live)
     user_names: dict[int, str] = dim.names  # type: ignore[attr-defined]
     root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
     label: dict[int, str] = {}

@@ -65,6 +65,44 @@ def spec(shape: Sequence[int], dims: Sequence[str | None], dtype: Any = jnp.floa
     return Spec(shape, dtype, dims)
 
 
+_NAME_PREFIX = "autolayout:"
+
+
+def name_dims(x: jax.Array, dims: Sequence[str | None]) -> jax.Array:
+    """Names the axes of an intermediate array inside a step (identity at run time).
+
+    Mesh-TF names every dim; the tracer infers most, but an axis born inside the step (an
+    MoE's expert-capacity slots from ``one_hot``, a downsampled volume) otherwise gets a
+    name from the op that made it. This puts the name on, through ``checkpoint_name``.
+
+    Example:
+      >>> import autolayout as al, jax.numpy as jnp
+      >>> al.name_dims(jnp.zeros((2, 3)), ("batch", "capacity")).shape
+      (2, 3)
+    """
+    from jax.ad_checkpoint import checkpoint_name
+
+    dims = tuple(dims)
+    if len(dims) != x.ndim:
+        raise WorkloadError(f"name_dims: array has {x.ndim} axes but {len(dims)} names {dims}")
+    for d in dims:
+        if d is not None and (not isinstance(d, str) or not d or "," in d):
+            raise WorkloadError(
+                f"name_dims: dim names must be non-empty strings without commas, got {d!r}"
+            )
+    named = [d for d in dims if d is not None]
+    if len(set(named)) != len(named):
+        raise WorkloadError(f"name_dims: {dims} names one dim twice")
+    return checkpoint_name(x, _NAME_PREFIX + ",".join(d or "" for d in dims))
+
+
+def parse_name_dims(name: str) -> tuple[str | None, ...] | None:
+    """The dims a ``name`` equation carries, or None for a name that is not ours."""
+    if not name.startswith(_NAME_PREFIX):
+        return None
+    return tuple(d or None for d in name[len(_NAME_PREFIX) :].split(","))
+
+
 def _abstract(path: str, leaf: Any) -> jax.ShapeDtypeStruct:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf

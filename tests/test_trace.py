@@ -101,6 +101,9 @@ def test_every_example_model_traces_with_no_opaque_op(name, options):
     al.check_graph(g)
     assert g.opaque == []
     assert all(d.size > 1 for d in g.dim_info.values())
+    # every dim is named by the model (al.spec / al.name_dims) or is a second dim of such a family
+    unnamed = [d for d in g.dim_info.values() if not d.user and not g.dim_info[d.family].user]
+    assert unnamed == [], unnamed
 
 
 def test_embedding_gather_and_its_scatter_gradient_carry_vocab(gpt_graph):
@@ -249,3 +252,66 @@ def test_tracing_allocates_nothing():
     before = len(jax.live_arrays())
     al.trace(load_model("gpt", size="gpt3-xl", layers=2))
     assert len(jax.live_arrays()) == before
+
+
+def test_name_dims_names_an_intermediate():
+    def step(x):
+        oh = al.name_dims(jax.nn.one_hot(jnp.argmax(x, axis=-1), 6), ("batch", "slots"))
+        return jnp.sum(oh * jnp.cumsum(oh, axis=1))
+
+    g = al.trace(al.Workload(step, (al.spec((4, 8), ("batch", "d")),)))
+    assert g.dims == {"batch": 4, "d": 8, "slots": 6} and g.dim_info["slots"].user
+
+
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        (("a",), "has 2 axes but 1 names"),
+        (("a", "a"), "names one dim twice"),
+        (("a", "b,c"), "without commas"),
+    ],
+)
+def test_name_dims_errors(dims, message):
+    with pytest.raises(al.WorkloadError, match=message):
+        al.name_dims(jnp.zeros((2, 3)), dims)
+
+
+def test_the_listed_primitives_all_have_rules():
+    def step(x, w, v):
+        def loss(x):
+            a = jnp.concatenate([x, x], axis=1)[:, :8]
+            a = jnp.pad(a, ((0, 0), (1, 1)))[:, 1:-1]
+            a = lax.dynamic_update_slice(a, lax.dynamic_slice(a, (0, 0), (4, 2)), (0, 2))
+            a = jnp.flip(a, 0) + jnp.cumsum(a, axis=1) + jnp.sort(a, axis=1)
+            top, _ = lax.top_k(a, 3)
+            b = jnp.expand_dims(a, 1).squeeze(1) * jnp.argmax(a, axis=1)[:, None]
+            c = lax.conv_general_dilated(
+                v * jnp.sum(x), w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC")
+            )
+            i = jnp.arange(8)[None, :] < 4
+            return (
+                jnp.sum(jnp.where(i, b, 0.0) ** 2)
+                + jnp.max(top)
+                + jnp.min(a)
+                + jnp.sum(c.astype(jnp.float32))
+            )
+
+        return jax.grad(loss)(x)
+
+    g = al.trace(
+        al.Workload(
+            step,
+            (
+                al.spec((4, 8), ("batch", "d")),
+                al.spec((3, 2, 5), ("k", "c_in", "c_out")),
+                al.spec((4, 16, 2), ("batch", "w", "c_in")),
+            ),
+        )
+    )
+    al.check_graph(g)
+    assert g.opaque == []
+    prims = {op.primitive for op in g.ops}
+    for p in ("concatenate", "slice", "pad", "dynamic_slice", "dynamic_update_slice", "rev", "cumsum", "sort",
+              "top_k", "argmax", "reduce_max", "reduce_min", "iota", "select_n", "conv_general_dilated", "broadcast_in_dim"):  # fmt: skip
+        assert p in prims, p
+    assert g.tensors[g.outputs[0]].dims == ("batch", "d")

@@ -53,6 +53,7 @@ def moe_ffn(x, p, capacity: int):
     e = p["wg"].shape[-1]
     probs = jax.nn.softmax(jnp.einsum("bsd,de->bse", x, p["wg"]).astype(jnp.float32), axis=-1)
     gates, idx = jax.lax.top_k(probs, 2)
+    gates = al.name_dims(gates, ("batch", "seq", "top_k"))
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     m1 = jax.nn.one_hot(idx[..., 0], e, dtype=jnp.float32)
     m2 = jax.nn.one_hot(idx[..., 1], e, dtype=jnp.float32)
@@ -64,6 +65,7 @@ def moe_ffn(x, p, capacity: int):
     slot2 = jax.nn.one_hot(jnp.sum(pos2, axis=-1).astype(jnp.int32), capacity, dtype=jnp.float32)
     combine = (gates[..., 0, None, None] * m1[..., None] * slot1[:, :, None, :]
                + gates[..., 1, None, None] * m2[..., None] * slot2[:, :, None, :])  # fmt: skip
+    combine = al.name_dims(combine, ("batch", "seq", "experts", "capacity"))
     dispatch = (combine > 0).astype(x.dtype)
     expert_in = jnp.einsum("bsec,bsd->ebcd", dispatch, x)
     h = jax.nn.relu(jnp.einsum("ebcd,edf->ebcf", expert_in, p["w1"]))

@@ -92,6 +92,7 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
             if i < n - 1:
                 skips.append(x)
                 x = conv(x, p["down"], stride=2)
+                x = al.name_dims(x, ("batch", *(f"{s}/{2 ** (i + 1)}" for s in space), None))
         for p, skip in zip(params["dec"], reversed(skips), strict=True):
             x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
             x = norm_relu(conv(x, p["conv"]), p["scale"])
