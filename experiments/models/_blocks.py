@@ -27,10 +27,33 @@ def dtype_of(name: str) -> Any:
     return DTYPES[name]
 
 
+def config(sizes: dict[str, dict], size: str, overrides: dict, others: str) -> dict:
+    """A size preset with integer overrides; unknown sizes or options name what is known."""
+    if size not in sizes:
+        raise ValueError(f"unknown size {size!r}; known: {', '.join(sizes)}")
+    c = dict(sizes[size])
+    unknown = sorted(set(overrides) - set(c))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}; options are {others}, {', '.join(c)}")
+    c.update({k: int(v) for k, v in overrides.items()})
+    return c
+
+
 def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def attention_specs(d: int, h: int, k: int, dt: Any) -> dict:
+    """``wq/wk/wv [d_model, heads, head_dim]`` and ``wo [heads, head_dim, d_model]``."""
+    qkv = al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt)
+    return {
+        "wq": qkv,
+        "wk": qkv,
+        "wv": qkv,
+        "wo": al.spec((h, k, d), ("heads", "head_dim", "d_model"), dt),
+    }
 
 
 def attention(

@@ -19,64 +19,26 @@ import autolayout as al
 
 # GPT-3 paper (Brown et al. 2020) Table 2.1; batch = tokens per batch / 2048. Vocab 50257
 # padded to 50304 (a multiple of 64 and 128) as Megatron-LM does.
+# fmt: off
 SIZES = {
     "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=256, vocab=512, seq=32, batch=8),
-    "gpt3-small": dict(
-        layers=12, d_model=768, heads=12, head_dim=64, d_ff=3072, vocab=50304, seq=2048, batch=256
-    ),
-    "gpt3-medium": dict(
-        layers=24, d_model=1024, heads=16, head_dim=64, d_ff=4096, vocab=50304, seq=2048, batch=256
-    ),
-    "gpt3-large": dict(
-        layers=24, d_model=1536, heads=16, head_dim=96, d_ff=6144, vocab=50304, seq=2048, batch=256
-    ),
-    "gpt3-xl": dict(
-        layers=24, d_model=2048, heads=16, head_dim=128, d_ff=8192, vocab=50304, seq=2048, batch=512
-    ),
-    "gpt3-2.7b": dict(
-        layers=32, d_model=2560, heads=32, head_dim=80, d_ff=10240, vocab=50304, seq=2048, batch=512
-    ),
-    "gpt3-6.7b": dict(
-        layers=32,
-        d_model=4096,
-        heads=32,
-        head_dim=128,
-        d_ff=16384,
-        vocab=50304,
-        seq=2048,
-        batch=1024,
-    ),
-    "gpt3-13b": dict(
-        layers=40,
-        d_model=5120,
-        heads=40,
-        head_dim=128,
-        d_ff=20480,
-        vocab=50304,
-        seq=2048,
-        batch=1024,
-    ),
-    "gpt3-175b": dict(
-        layers=96,
-        d_model=12288,
-        heads=96,
-        head_dim=128,
-        d_ff=49152,
-        vocab=50304,
-        seq=2048,
-        batch=1536,
-    ),
+    "gpt3-small": dict(layers=12, d_model=768, heads=12, head_dim=64, d_ff=3072, vocab=50304, seq=2048, batch=256),
+    "gpt3-medium": dict(layers=24, d_model=1024, heads=16, head_dim=64, d_ff=4096, vocab=50304, seq=2048, batch=256),
+    "gpt3-large": dict(layers=24, d_model=1536, heads=16, head_dim=96, d_ff=6144, vocab=50304, seq=2048, batch=256),
+    "gpt3-xl": dict(layers=24, d_model=2048, heads=16, head_dim=128, d_ff=8192, vocab=50304, seq=2048, batch=512),
+    "gpt3-2.7b": dict(layers=32, d_model=2560, heads=32, head_dim=80, d_ff=10240, vocab=50304, seq=2048, batch=512),
+    "gpt3-6.7b": dict(layers=32, d_model=4096, heads=32, head_dim=128, d_ff=16384, vocab=50304, seq=2048, batch=1024),
+    "gpt3-13b": dict(layers=40, d_model=5120, heads=40, head_dim=128, d_ff=20480, vocab=50304, seq=2048, batch=1024),
+    "gpt3-175b": dict(layers=96, d_model=12288, heads=96, head_dim=128, d_ff=49152, vocab=50304, seq=2048, batch=1536),
 }
+# fmt: on
 
 
 def layer_specs(c: dict, mlp: str, dt) -> dict:
     d, h, k, f = c["d_model"], c["heads"], c["head_dim"], c["d_ff"]
     p = {
         "ln1": al.spec((d,), ("d_model",), dt),
-        "wq": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wk": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wv": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wo": al.spec((h, k, d), ("heads", "head_dim", "d_model"), dt),
+        **nn.attention_specs(d, h, k, dt),
         "ln2": al.spec((d,), ("d_model",), dt),
         "w1": al.spec((d, f), ("d_model", "d_ff"), dt),
         "w2": al.spec((f, d), ("d_ff", "d_model"), dt),
@@ -99,15 +61,7 @@ def workload(
     dtype: str | None = None,
     **overrides,
 ) -> al.Workload:
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
-    c = dict(SIZES[size])
-    unknown = sorted(set(overrides) - set(c))
-    if unknown:
-        raise ValueError(
-            f"unknown option {unknown[0]!r}; options are size, mlp, remat, scan, dtype, {', '.join(c)}"
-        )
-    c.update({k: int(v) for k, v in overrides.items()})
+    c = nn.config(SIZES, size, overrides, "size, mlp, remat, scan, dtype")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, V, S, B = c["layers"], c["d_model"], c["vocab"], c["seq"], c["batch"]
     layer = layer_specs(c, mlp, dt)

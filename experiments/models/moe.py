@@ -19,33 +19,13 @@ import jax.numpy as jnp
 
 import autolayout as al
 
+# fmt: off
 SIZES = {
-    "tiny": dict(
-        layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, experts=4, vocab=512, seq=32, batch=8
-    ),
-    "base": dict(
-        layers=12,
-        d_model=1024,
-        heads=16,
-        head_dim=64,
-        d_ff=4096,
-        experts=64,
-        vocab=32768,
-        seq=1024,
-        batch=256,
-    ),
-    "large": dict(
-        layers=24,
-        d_model=2048,
-        heads=32,
-        head_dim=64,
-        d_ff=8192,
-        experts=128,
-        vocab=32768,
-        seq=1024,
-        batch=512,
-    ),
+    "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, experts=4, vocab=512, seq=32, batch=8),
+    "base": dict(layers=12, d_model=1024, heads=16, head_dim=64, d_ff=4096, experts=64, vocab=32768, seq=1024, batch=256),
+    "large": dict(layers=24, d_model=2048, heads=32, head_dim=64, d_ff=8192, experts=128, vocab=32768, seq=1024, batch=512),
 }
+# fmt: on
 
 
 def moe_ffn(x, p, capacity: int):
@@ -78,15 +58,7 @@ def moe_ffn(x, p, capacity: int):
 def workload(
     size: str = "tiny", capacity_factor: float = 1.25, dtype: str | None = None, **overrides
 ) -> al.Workload:
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
-    c = dict(SIZES[size])
-    unknown = sorted(set(overrides) - set(c))
-    if unknown:
-        raise ValueError(
-            f"unknown option {unknown[0]!r}; options are size, capacity_factor, dtype, {', '.join(c)}"
-        )
-    c.update({k: int(v) for k, v in overrides.items()})
+    c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, E, V, S, B = (
         c[n]
@@ -105,10 +77,7 @@ def workload(
     capacity = max(1, math.ceil(2 * S / E * capacity_factor))
     layer = {
         "ln1": al.spec((d,), ("d_model",), dt),
-        "wq": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wk": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wv": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-        "wo": al.spec((h, k, d), ("heads", "head_dim", "d_model"), dt),
+        **nn.attention_specs(d, h, k, dt),
         "ln2": al.spec((d,), ("d_model",), dt),
         "wg": al.spec((d, E), ("d_model", "experts"), dt),
         "w1": al.spec((E, d, f), ("experts", "d_model", "d_ff"), dt),

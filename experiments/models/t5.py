@@ -13,73 +13,24 @@ import jax.numpy as jnp
 
 import autolayout as al
 
+# fmt: off
 SIZES = {
-    "tiny": dict(
-        layers=2,
-        d_model=64,
-        heads=4,
-        head_dim=16,
-        d_ff=128,
-        vocab=512,
-        enc_seq=32,
-        dec_seq=16,
-        batch=8,
-    ),
-    "base": dict(
-        layers=12,
-        d_model=768,
-        heads=12,
-        head_dim=64,
-        d_ff=2048,
-        vocab=32128,
-        enc_seq=512,
-        dec_seq=128,
-        batch=128,
-    ),
-    "large": dict(
-        layers=24,
-        d_model=1024,
-        heads=16,
-        head_dim=64,
-        d_ff=2816,
-        vocab=32128,
-        enc_seq=512,
-        dec_seq=128,
-        batch=128,
-    ),
-    "xl": dict(
-        layers=24,
-        d_model=2048,
-        heads=32,
-        head_dim=64,
-        d_ff=5120,
-        vocab=32128,
-        enc_seq=512,
-        dec_seq=128,
-        batch=128,
-    ),
+    "tiny": dict(layers=2, d_model=64, heads=4, head_dim=16, d_ff=128, vocab=512, enc_seq=32, dec_seq=16, batch=8),
+    "base": dict(layers=12, d_model=768, heads=12, head_dim=64, d_ff=2048, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
+    "large": dict(layers=24, d_model=1024, heads=16, head_dim=64, d_ff=2816, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
+    "xl": dict(layers=24, d_model=2048, heads=32, head_dim=64, d_ff=5120, vocab=32128, enc_seq=512, dec_seq=128, batch=128),
 }
+# fmt: on
 
 
 def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Workload:
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
-    c = dict(SIZES[size])
-    unknown = sorted(set(overrides) - set(c))
-    if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}; options are size, dtype, {', '.join(c)}")
-    c.update({k: int(v) for k, v in overrides.items()})
+    c = nn.config(SIZES, size, overrides, "size, dtype")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, V = (c[n] for n in ("layers", "d_model", "heads", "head_dim", "d_ff", "vocab"))
     Se, Sd, B = c["enc_seq"], c["dec_seq"], c["batch"]
 
     def attn():
-        return {
-            "wq": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-            "wk": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-            "wv": al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt),
-            "wo": al.spec((h, k, d), ("heads", "head_dim", "d_model"), dt),
-        }
+        return nn.attention_specs(d, h, k, dt)
 
     norm = al.spec((d,), ("d_model",), dt)
     ffn = {

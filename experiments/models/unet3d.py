@@ -18,11 +18,13 @@ from jax import lax
 
 import autolayout as al
 
+# fmt: off
 SIZES = {
     "tiny": dict(batch=1, volume=16, channels=4, levels=2, in_channels=1, classes=2),
     "128": dict(batch=1, volume=128, channels=32, levels=4, in_channels=1, classes=4),
     "256": dict(batch=1, volume=256, channels=32, levels=4, in_channels=1, classes=4),
 }
+# fmt: on
 DN = ("NDHWC", "DHWIO", "NDHWC")
 
 
@@ -41,13 +43,7 @@ def norm_relu(x, scale):
 
 
 def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Workload:
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
-    c = dict(SIZES[size])
-    unknown = sorted(set(overrides) - set(c))
-    if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}; options are size, dtype, {', '.join(c)}")
-    c.update({k: int(v) for k, v in overrides.items()})
+    c = nn.config(SIZES, size, overrides, "size, dtype")
     B, V, C, n, cin, K = (
         c[k] for k in ("batch", "volume", "channels", "levels", "in_channels", "classes")
     )
