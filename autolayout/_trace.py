@@ -109,9 +109,10 @@ class _Builder:
         self._pending.append([])
         return len(self.links), next(self._count)
 
-    def abort(self, mark: tuple[int, int]) -> None:
+    def drop_links(self, mark: tuple[int, int]) -> None:
+        """Forgets the links recorded since ``mark``: the op becomes opaque."""
         del self.links[mark[0] :]
-        self._pending.pop()
+        self._pending[-1].clear()
 
     def emit(
         self,
@@ -172,8 +173,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 params, flops = rule(b, eqn, ins_, outs)
                 opaque = False
             except Exception as e:  # no rule, or one that cannot read this equation
-                b.abort(mark)
-                b._pending.append([])
+                b.drop_links(mark)
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
             b.emit(mark, prim, ins_, outs, params, flops, opaque)
         for v, t in zip(eqn.outvars, outs, strict=True):

@@ -1,16 +1,10 @@
-"""Gives JAX 8 CPU devices before it is imported (as the runtime tests need), and loads
-the example models."""
+"""Loads the example models (the 8 CPU devices are set in the repo's root conftest.py)."""
 
-import os
+from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import pytest
 
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-
-import autolayout as al  # noqa: E402
+import autolayout as al
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "experiments" / "models"

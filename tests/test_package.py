@@ -51,3 +51,9 @@ def test_wheel_holds_only_the_autolayout_namespace(tmp_path):
         .decode()
     )
     assert "autolayout = autolayout._cli:main" in entry
+
+
+def test_jax_sees_eight_cpu_devices():
+    import jax
+
+    assert len(jax.devices()) == 8 and jax.devices()[0].platform == "cpu"
