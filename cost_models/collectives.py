@@ -1,0 +1,170 @@
+"""Collective times on the physical links a mesh axis maps onto (alpha-beta).
+
+Devices are numbered row-major over the mesh (the last mesh axis varies fastest), and laid
+on the hardware with the innermost physical dimension varying fastest: a TPU torus
+``(X, Y, Z)`` numbers chips ``x + X*(y + Y*z)``; a GPU cluster numbers the GPUs of a node
+contiguously. A mesh axis of size ``n`` and stride ``s`` then covers, on each physical
+dimension, a *segment*: how many distinct coordinates its members take there. An axis may
+span several torus dims, or part of one, or NVLink and the network both.
+
+Formulas (``shared/hardware-facts.md``, jax-ml/scaling-book ``sharding.md``/``gpus.md``);
+``V`` is the bytes of the whole (gathered) array of one group, ``N`` the group size:
+
+* TPU all-gather: ``max(alpha * hops, V (N-1)/N / sum_i W_i)`` over the segments; a segment
+  with wraparound is a bidirectional ring (``W = 2 * link``, ``N/2`` hops), one without is
+  unidirectional (``W = link``, ``N-1`` hops). Reduce-scatter = all-gather, all-reduce =
+  2x, all-to-all = all-gather / 4 with wraparound, / 2 without.
+* GPU all-gather: ``V * max_level (D-1)/(D W)`` over the levels (NVLink inside a node,
+  the network across nodes) plus ``alpha`` per ring step; all-reduce 2x; all-to-all
+  ``V/(W N)`` inside a node, ``V (M-1)/(M^2 W_node)`` across ``M`` nodes.
+
+Bandwidths are scaled by the profile's ``efficiency.collective``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autolayout._errors import AutolayoutError
+from autolayout._hardware import Cluster, Hardware, Torus
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+class MeshError(AutolayoutError, ValueError):
+    """A mesh that does not fit the hardware (its size, or an axis across the topology)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """The part of one physical dimension that a mesh axis's group spans."""
+
+    length: int  # devices of the group along this physical dim
+    bandwidth: float  # bytes/s one way per device on this dim's links
+    latency_s: float
+    wraparound: bool = False  # a closed ring (TPU torus dim spanned whole)
+    level: str = "ici"  # "ici" | "nvlink" | "network" | "host"
+
+
+def _physical_dims(hw: Hardware) -> list[tuple[int, float, float, bool, str]]:
+    """(length, bandwidth, latency, wraparound, level), innermost first."""
+    t = hw.topology
+    if isinstance(t, Torus):
+        return [
+            (n, t.link_bandwidth, t.latency_s, w, "ici")
+            for n, w in zip(t.shape, t.wraparound, strict=True)
+        ]
+    assert isinstance(t, Cluster)
+    level = "nvlink" if hw.kind == "gpu" else "host"
+    dims = [(t.per_node, t.intra_bandwidth, t.intra_latency_s, False, level)]
+    if t.nodes > 1:
+        dims.append(
+            (
+                t.nodes,
+                t.inter_bandwidth or t.intra_bandwidth,
+                t.inter_latency_s or t.intra_latency_s,
+                False,
+                "network",
+            )
+        )
+    return dims
+
+
+def place_mesh(hw: Hardware, mesh: dict[str, int]) -> dict[str, tuple[Segment, ...]]:
+    """The physical segments each mesh axis spans.
+
+    Example:
+      >>> import autolayout as al
+      >>> p = place_mesh(al.hardware("h100-16"), {"data": 4, "model": 4})
+      >>> [(s.level, s.length) for s in p["data"]], [(s.level, s.length) for s in p["model"]]
+      ([('nvlink', 2), ('network', 2)], [('nvlink', 4)])
+    """
+    sizes = list(mesh.values())
+    if any(not isinstance(n, int) or n < 1 for n in sizes):
+        raise MeshError(f"mesh axis sizes must be positive integers, got {mesh}")
+    if math.prod(sizes) != hw.num_devices:
+        shown = " x ".join(f"{k}={v}" for k, v in mesh.items())
+        raise MeshError(
+            f"mesh {shown} has {math.prod(sizes)} devices but {hw.name} has {hw.num_devices}"
+        )
+    dims = _physical_dims(hw)
+    out: dict[str, tuple[Segment, ...]] = {}
+    stride = hw.num_devices
+    for name, n in mesh.items():
+        stride //= n
+        lo_axis, hi_axis = stride, stride * n
+        segs = []
+        c = 1
+        for length, bw, lat, wrap, level in dims:
+            lo, hi = max(lo_axis, c), min(hi_axis, c * length)
+            if hi > lo:
+                if hi % lo:
+                    raise MeshError(
+                        f"mesh axis {name!r}={n} does not tile {hw.name}'s {level} dimension of {length}"
+                    )
+                seg = hi // lo
+                segs.append(Segment(seg, bw, lat, wrap and seg == length, level))
+            c *= length
+        out[name] = tuple(segs)
+    return out
+
+
+def _eff_bw(hw: Hardware, s: Segment) -> float:
+    return s.bandwidth * hw.efficiency.collective
+
+
+def collective_time(
+    hw: Hardware, kind: str, segments: tuple[Segment, ...], full_bytes: float
+) -> float:
+    """Seconds for one collective over a group spanning ``segments``; ``full_bytes`` is the
+    whole (gathered) array of the group. A group of one device costs nothing.
+
+    Example (TPU v4, one 4-chip ring with no wraparound, 1 MiB gathered): ::
+
+      V (N-1)/N / (W * eff) = 2**20 * 3/4 / (4.5e10 * 0.82) = 21.3 us > 3 hops * 1 us
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+    n = math.prod(s.length for s in segments)
+    if n <= 1 or full_bytes <= 0:
+        return 0.0
+    if kind == "collective-permute":  # one message to a neighbour over one link
+        s = segments[0]
+        return s.latency_s + full_bytes / _eff_bw(hw, s)
+    if hw.kind == "tpu":
+        return _torus_time(hw, kind, segments, n, full_bytes)
+    return _cluster_time(hw, kind, segments, n, full_bytes)
+
+
+def _torus_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float) -> float:
+    bw = sum((2.0 if s.wraparound else 1.0) * _eff_bw(hw, s) for s in segs)
+    hops = sum(s.length / 2 if s.wraparound else s.length - 1 for s in segs)
+    alpha = max(s.latency_s for s in segs)
+    gather = max(alpha * hops, v * (n - 1) / n / bw)
+    if kind in ("all-gather", "reduce-scatter"):
+        return gather
+    if kind == "all-reduce":
+        return 2 * gather
+    closed = all(s.wraparound for s in segs)
+    return gather / (4 if closed else 2)  # all-to-all
+
+
+def _cluster_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float) -> float:
+    steps = {
+        "all-gather": n - 1,
+        "reduce-scatter": n - 1,
+        "all-reduce": 2 * (n - 1),
+        "all-to-all": n - 1,
+    }[kind]
+    alpha = steps * max(s.latency_s for s in segs)
+    if kind == "all-to-all":
+        inner = [s for s in segs if s.level != "network"]
+        outer = [s for s in segs if s.level == "network"]
+        if outer:
+            m = outer[0].length
+            per_node = math.prod(s.length for s in inner) if inner else 1
+            return alpha + v * (m - 1) / (m * m * _eff_bw(hw, outer[0]) * per_node)
+        return alpha + v / (_eff_bw(hw, segs[0]) * n)
+    gather = v * max((s.length - 1) / (s.length * _eff_bw(hw, s)) for s in segs)
+    return alpha + (2 * gather if kind == "all-reduce" else gather)
