@@ -1,8 +1,8 @@
 import pytest
 from click.testing import CliRunner
-from conftest import MODELS
 
 from autolayout._cli import main, parse_sets
+from conftest import MODELS
 
 
 def run(*args):

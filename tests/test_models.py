@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+
 from conftest import MODEL_NAMES, load_model
 
 

@@ -1,10 +1,10 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import MODEL_NAMES, load_model
 from jax import lax
 
 import autolayout as al
+from conftest import MODEL_NAMES, load_model
 
 GPT_NAMES = {"batch", "seq", "d_model", "heads", "head_dim", "d_ff", "vocab"}
 
