@@ -408,8 +408,9 @@ def _dims(
     sizes: list[int],
     fam: _UnionFind,
     live: set[int],
-) -> _UnionFind:
-    """Union-find that keeps one axis per tensor and one user name per class."""
+) -> tuple[_UnionFind, dict[int, str]]:
+    """Union-find that keeps one axis per tensor and one user name per class; returns it and
+    the user name of each named root."""
     uf = _UnionFind(b.nax)
     members: dict[int, set[int]] = {}
     names: dict[int, str] = {}
@@ -471,8 +472,7 @@ def _dims(
         for r in roots:
             if not any(union(q, r) for q in reps):
                 reps.append(r)
-    uf.names = names  # type: ignore[attr-defined]
-    return uf
+    return uf, names
 
 
 def _name_dims(
@@ -481,8 +481,7 @@ def _name_dims(
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     fam = _families(b)
-    dim = _dims(b, owner, sizes, fam, live)
-    user_names: dict[int, str] = dim.names  # type: ignore[attr-defined]
+    dim, user_names = _dims(b, owner, sizes, fam, live)
     root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
     label: dict[int, str] = {}
     taken: set[str] = set()
@@ -510,7 +509,7 @@ def _name_dims(
                     r = root[b.key(t1, one[0])]
                     parts = [label.get(root[b.key(tm, a)]) for a in many]
                     if r not in label and all(parts):
-                        claim(r, "*".join(parts))  # type: ignore[arg-type]
+                        claim(r, "*".join(p for p in parts if p))
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})
     for r in order:
