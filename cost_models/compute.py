@@ -1,0 +1,56 @@
+"""The compute roofline of one op on one device.
+
+``time = max(flops / (peak[dtype] * matmul_eff), bytes / (hbm_bw * memory_eff))``: an op is
+either compute-bound or bound by the HBM traffic of reading its inputs and writing its
+outputs (``shared/DESIGN.md``). Elementwise work runs on the vector units, so only
+matmul-like ops (``dot_general``, ``conv_general_dilated``) use the matrix peak; the rest are
+priced by their bytes alone, as XLA fuses them into their neighbours' memory traffic.
+"""
+
+from __future__ import annotations
+
+from autolayout._errors import HardwareError
+from autolayout._hardware import Hardware
+
+MATRIX_OPS = frozenset({"dot_general", "conv_general_dilated"})
+_DTYPE_KEYS = {
+    "bfloat16": ("bf16",),
+    "float16": ("fp16", "bf16"),
+    "float32": ("f32",),
+    "int8": ("int8",),
+    "float8_e4m3fn": ("fp8",),
+    "float8_e5m2": ("fp8",),
+}
+
+
+def peak_flops(hw: Hardware, dtype: str) -> float:
+    """Peak matrix FLOP/s per device for an element type.
+
+    On TPUs a float32 matmul at JAX's default precision runs as one bf16 pass, so it is
+    priced at the bf16 peak when the profile gives no ``f32``; elsewhere a missing dtype is an
+    error naming the profile and the key to add.
+
+    Example:
+      >>> import autolayout as al
+      >>> peak_flops(al.hardware("tpu-v4-8"), "float32")
+      275000000000000.0
+    """
+    keys = _DTYPE_KEYS.get(dtype, (dtype,))
+    if dtype == "float32" and hw.kind == "tpu":
+        keys = ("f32", "bf16")
+    for k in keys:
+        if k in hw.chip.peak_flops:
+            return hw.chip.peak_flops[k]
+    have = ", ".join(hw.chip.peak_flops)
+    raise HardwareError(
+        f"{hw.source}: no peak FLOP/s for dtype {dtype!r} (profile has {have}); add chip.peak_flops.{keys[0]}"
+    )
+
+
+def op_time(hw: Hardware, primitive: str, flops: float, nbytes: float, dtype: str) -> float:
+    """Seconds for one op on one device: its local FLOPs and HBM bytes on the roofline."""
+    e = hw.efficiency
+    memory = nbytes / (hw.chip.hbm_bandwidth * e.memory)
+    if primitive not in MATRIX_OPS or flops <= 0:
+        return memory
+    return max(flops / (peak_flops(hw, dtype) * e.matmul), memory)
