@@ -54,7 +54,7 @@ class _Builder:
         self.user: dict[int, tuple[str | None, ...]] = {}
         self.offsets: list[int] = []
         self.nax = 0
-        self.links: list[tuple[int, int]] = []  # axis-key pairs, program order
+        self.links: list[tuple[int, int]] = []  # axis-key pairs of the live ops, program order
         self._pending: list[list[tuple[tuple[int, int], ...]]] = []
         self.ops: list[Op] = []
         self.producer: dict[int, str] = {}
@@ -102,21 +102,19 @@ class _Builder:
         if len(keep) < 2:
             return
         self._pending[-1].append(tuple(keep))
-        k0 = self.key(*keep[0])
-        self.links.extend((k0, self.key(t, a)) for t, a in keep[1:])
 
-    def begin(self) -> tuple[int, int]:
+    def begin(self) -> int:
+        """Opens an op: returns its number; links go to it until :meth:`emit`."""
         self._pending.append([])
-        return len(self.links), next(self._count)
+        return next(self._count)
 
-    def drop_links(self, mark: tuple[int, int]) -> None:
-        """Forgets the links recorded since ``mark``: the op becomes opaque."""
-        del self.links[mark[0] :]
+    def drop_links(self) -> None:
+        """Forgets the open op's links: it becomes opaque."""
         self._pending[-1].clear()
 
     def emit(
         self,
-        mark: tuple[int, int],
+        number: int,
         primitive: str,
         ins: Sequence[int | None],
         outs: Sequence[int],
@@ -124,7 +122,7 @@ class _Builder:
         flops: float = 0.0,
         opaque: bool = False,
     ) -> str:
-        name = f"{primitive}.{mark[1]}"
+        name = f"{primitive}.{number}"
         groups = self._pending.pop()
         op = Op(
             name=name,
@@ -165,7 +163,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
             outs = walker(b, eqn, ins_)
         else:
             outs = [b.new(v.aval) for v in eqn.outvars]
-            mark = b.begin()
+            number = b.begin()
             rule = DIM_RULES.get(prim)
             try:
                 if rule is None:
@@ -173,9 +171,9 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 params, flops = rule(b, eqn, ins_, outs)
                 opaque = False
             except Exception as e:  # no rule, or one that cannot read this equation
-                b.drop_links(mark)
+                b.drop_links()
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
-            b.emit(mark, prim, ins_, outs, params, flops, opaque)
+            b.emit(number, prim, ins_, outs, params, flops, opaque)
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
     return [env[v] if not isinstance(v, Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
@@ -224,8 +222,8 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     p = eqn.params
     jaxpr, _ = _closed(p["jaxpr"])
     nc, nk, length = p["num_consts"], p["num_carry"], int(p["length"])
-    mark = b.begin()
-    name = f"scan.{mark[1]}"
+    number = b.begin()
+    name = f"scan.{number}"
     body_in: list[int | None] = []
     for k, (v, t) in enumerate(zip(jaxpr.invars, ins, strict=True)):
         if k < nc:
@@ -259,7 +257,7 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     params = {"length": length, "reverse": bool(p["reverse"]), "num_consts": nc, "num_carry": nk}
     params["body_outputs"] = tuple(f"t{t}" for t in body_out)
     params["aliased_inputs"] = tuple(f"t{t}" for t in ins[:nc] if t is not None)
-    b.emit(mark, "scan", ins, outs, params)
+    b.emit(number, "scan", ins, outs, params)
     b.loops.append(Loop(name, "scan", length, tuple(op.name for op in b.ops[first:-1])))
     return outs
 
@@ -269,8 +267,8 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     cj, _ = _closed(p["cond_jaxpr"])
     bj, _ = _closed(p["body_jaxpr"])
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    mark = b.begin()
-    name = f"while.{mark[1]}"
+    number = b.begin()
+    name = f"while.{number}"
     carry = []
     for v, t in zip(bj.invars[bn:], ins[cn + bn :], strict=True):
         ct = b.new(v.aval, "loop")
@@ -294,15 +292,15 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     live = tuple(f"t{t}" for t in body_out + cond_out)
     aliased = tuple(f"t{t}" for t in ins[: cn + bn] if t is not None)
     params = {"trip_count_known": False, "body_outputs": live, "aliased_inputs": aliased}
-    b.emit(mark, "while", ins, outs, params)
+    b.emit(number, "while", ins, outs, params)
     body = tuple(op.name for op in b.ops[first:-1])
     b.loops.append(Loop(name, "while", 1, body, length_known=False))
     return outs
 
 
 def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
-    mark = b.begin()
-    name = f"cond.{mark[1]}"
+    number = b.begin()
+    name = f"cond.{number}"
     outs = [b.new(v.aval) for v in eqn.outvars]
     branch_out: list[int] = []
     for i, br in enumerate(eqn.params["branches"]):
@@ -320,7 +318,7 @@ def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
         "body_outputs": tuple(f"t{t}" for t in branch_out),
         "aliased_inputs": tuple(f"t{t}" for t in ins[1:] if t is not None),
     }
-    b.emit(mark, "cond", ins, outs, params)
+    b.emit(number, "cond", ins, outs, params)
     return outs
 
 
@@ -345,8 +343,8 @@ CALL_RULES = {
 
 def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     """Drops ops whose results nothing reads (XLA would too: jax leaves dead zeros of the
-    backward pass in the jaxpr), rebuilds the links from the live ops in program order and
-    returns the live tensor ids."""
+    backward pass in the jaxpr), collects the live ops' links in program order (a loop op
+    opens before its body) into ``b.links`` and returns the live tensor ids."""
     live = {f"t{t}" for t in outs}
     kept = []
     for op in reversed(b.ops):
