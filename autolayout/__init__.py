@@ -11,9 +11,14 @@ hardware profile, and choose the layout and the mesh shape.
 
 from ._errors import AutolayoutError as AutolayoutError
 from ._errors import HardwareError as HardwareError
+from ._errors import LayoutError as LayoutError
+from ._errors import MeshError as MeshError
 from ._errors import ModelFileError as ModelFileError
+from ._errors import PlanError as PlanError
+from ._errors import RuleError as RuleError
 from ._errors import TraceError as TraceError
 from ._errors import WorkloadError as WorkloadError
+from ._evaluate import evaluate as evaluate
 from ._hardware import Hardware as Hardware
 from ._hardware import hardware as hardware
 from ._hardware import list_profiles as list_profiles
@@ -23,11 +28,27 @@ from ._ir import Loop as Loop
 from ._ir import Op as Op
 from ._ir import Tensor as Tensor
 from ._ir import check_graph as check_graph
+from ._plan import Plan as Plan
 from ._trace import trace as trace
 from ._workload import Spec as Spec
 from ._workload import Workload as Workload
 from ._workload import load_workload as load_workload
 from ._workload import name_dims as name_dims
 from ._workload import spec as spec
+
+
+def apply(plan, fn, devices=None, **kw):
+    """``fn`` as a ``jax.jit`` function laid out as ``plan`` says (``autolayout.runtime``)."""
+    from .runtime import apply as _apply
+
+    return _apply(plan, fn, devices, **kw)
+
+
+def validate(plan, workload=None, devices=None, **kw):
+    """The plan's prediction beside what XLA compiles for it (``autolayout.runtime``)."""
+    from .runtime import validate as _validate
+
+    return _validate(plan, workload, devices, **kw)
+
 
 __version__ = "0.1.0"

@@ -164,16 +164,32 @@ def _conv(b, eqn, ins, outs):
                 "pairing": pairing,
             }
         )
-    per_out = _size(rs) / rs[ro]
+    # FLOPs as XLA counts them: only (output, tap) pairs that land on a real input element
+    # (not on "SAME" padding, nor between the elements of a transposed conv's dilated input)
+    taps = 1
+    for i, (la, ra, oa) in enumerate(zip(lsp, rsp, osp, strict=True)):
+        taps *= _valid_taps(
+            ls[la], rs[ra], os_[oa], p["window_strides"][i], p["padding"][i][0],
+            p["lhs_dilation"][i], p["rhs_dilation"][i],
+        )  # fmt: skip
     params = {
         "spatial": tuple(tuple(sorted(s.items())) for s in spatial),
         "feature_group_count": p["feature_group_count"],
         "batch_group_count": p["batch_group_count"],
     }
-    return params, 2.0 * _size(os_) * per_out
+    return params, 2.0 * os_[ob] * os_[of] * rs[ri] * taps
 
 
-# --- shape changes --------------------------------------------------------------------------
+def _valid_taps(n: int, k: int, o: int, stride: int, lo: int, lhs_dil: int, rhs_dil: int) -> int:
+    """Pairs (output position, kernel tap) of one spatial dim that read an input element."""
+    span = (n - 1) * lhs_dil + 1
+    count = 0
+    for j in range(k):
+        for i in range(o):
+            q = i * stride + j * rhs_dil - lo
+            if 0 <= q < span and q % lhs_dil == 0:
+                count += 1
+    return count
 
 
 @register("broadcast_in_dim")

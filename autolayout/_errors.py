@@ -26,3 +26,19 @@ class HardwareError(AutolayoutError, ValueError):
 
 class TraceError(AutolayoutError, RuntimeError):
     """The workload could not be traced by ``jax.make_jaxpr``."""
+
+
+class MeshError(AutolayoutError, ValueError):
+    """A mesh that does not fit the hardware (its size, or an axis across the topology)."""
+
+
+class RuleError(AutolayoutError, ValueError):
+    """A layout rule that names an unknown dim or mesh axis, or that does not divide."""
+
+
+class LayoutError(AutolayoutError, ValueError):
+    """A tensor layout that does not fit: a split that does not divide, an axis used twice."""
+
+
+class PlanError(AutolayoutError, ValueError):
+    """A plan file that cannot be used: another version, corrupted, or for another model."""

@@ -61,6 +61,10 @@ class _Builder:
         self.scope: list[str] = []
         self.trip = 1
         self.loops: list[Loop] = []
+        # tensor ids of every equation visited, keyed by its path (equation indices down the
+        # walk; "cond"/"body"/branch labels inside loops): the runtime walks the same way
+        self.visits: dict[tuple, tuple[list[int | None], list[int]]] = {}
+        self.path: list[Any] = []
         self._count = itertools.count()
 
     # tensors ---------------------------------------------------------------------------
@@ -155,10 +159,11 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
     def read(v: Any) -> int | None:
         return None if isinstance(v, Literal) else env[v]
 
-    for eqn in jaxpr.eqns:
+    for index, eqn in enumerate(jaxpr.eqns):
         ins_ = [read(v) for v in eqn.invars]
         prim = eqn.primitive.name
         walker = CALL_RULES.get(prim)
+        b.path.append(index)
         if walker is not None:
             outs = walker(b, eqn, ins_)
         else:
@@ -174,6 +179,8 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 b.drop_links()
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
             b.emit(number, prim, ins_, outs, params, flops, opaque)
+        b.visits[tuple(b.path)] = (ins_, outs)
+        b.path.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
     return [env[v] if not isinstance(v, Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
@@ -278,9 +285,12 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     first = len(b.ops)
     b.scope.append(name)
     try:
+        b.path.append("cond")
         cond_out = _walk(b, cj, list(ins[:cn]) + carry, _consts(b, cj))
+        b.path[-1] = "body"
         body_out = _walk(b, bj, list(ins[cn : cn + bn]) + carry, _consts(b, bj))
     finally:
+        b.path.pop()
         b.scope.pop()
     outs = []
     for v, bo, ct in zip(eqn.outvars, body_out, carry, strict=True):
@@ -306,9 +316,11 @@ def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     for i, br in enumerate(eqn.params["branches"]):
         jaxpr, _ = _closed(br)
         b.scope.append(f"{name}/branch{i}")
+        b.path.append(i)
         try:
             res = _walk(b, jaxpr, ins[1:], _consts(b, jaxpr))
         finally:
+            b.path.pop()
             b.scope.pop()
         for o, r in zip(outs, res, strict=True):
             _link_all_axes(b, o, r)
@@ -546,6 +558,13 @@ def trace(workload: Workload) -> Graph:
       >>> g.opaque
       []
     """
+    return trace_with_jaxpr(workload)[0]
+
+
+def trace_with_jaxpr(workload: Workload) -> tuple[Graph, Any, dict[tuple, tuple]]:
+    """:func:`trace`, plus the closed jaxpr and, per equation visited (keyed by its path of
+    equation indices), the tensor names of its inputs and outputs (``None`` for a literal or
+    a dead value): the runtime re-interprets that jaxpr with the plan's shardings."""
     if not isinstance(workload, Workload):
         raise WorkloadError(f"trace() takes an al.Workload, got {type(workload).__name__}")
     leaves = jax.tree_util.tree_flatten_with_path(workload.args)[0]
@@ -585,7 +604,7 @@ def trace(workload: Workload) -> Graph:
             role=b.roles[t],
             path=b.paths[t],
         )
-    return Graph(
+    graph = Graph(
         name=workload.name,
         ops=tuple(b.ops),
         tensors=tensors,
@@ -594,3 +613,9 @@ def trace(workload: Workload) -> Graph:
         outputs=tuple(f"t{t}" for t in outs),
         loops=tuple(b.loops),
     )
+
+    def name(t: int | None) -> str | None:
+        return f"t{t}" if t is not None and t in live else None
+
+    visits = {k: ([name(t) for t in i], [name(t) for t in o]) for k, (i, o) in b.visits.items()}
+    return graph, closed, visits

@@ -26,14 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autolayout._errors import AutolayoutError
+from autolayout._errors import MeshError
 from autolayout._hardware import Cluster, Hardware, Torus
 
+__all__ = ["KINDS", "MeshError", "Segment", "collective_time", "group_segments", "place_mesh"]
+
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-
-
-class MeshError(AutolayoutError, ValueError):
-    """A mesh that does not fit the hardware (its size, or an axis across the topology)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +43,8 @@ class Segment:
     latency_s: float
     wraparound: bool = False  # a closed ring (TPU torus dim spanned whole)
     level: str = "ici"  # "ici" | "nvlink" | "network" | "host"
+    dim: int = 0  # which physical dimension (innermost 0)
+    dim_length: int = 0  # that dimension's whole length
 
 
 def _physical_dims(hw: Hardware) -> list[tuple[int, float, float, bool, str]]:
@@ -96,7 +96,7 @@ def place_mesh(hw: Hardware, mesh: dict[str, int]) -> dict[str, tuple[Segment, .
         lo_axis, hi_axis = stride, stride * n
         segs = []
         c = 1
-        for length, bw, lat, wrap, level in dims:
+        for k, (length, bw, lat, wrap, level) in enumerate(dims):
             lo, hi = max(lo_axis, c), min(hi_axis, c * length)
             if hi > lo:
                 if hi % lo:
@@ -104,10 +104,34 @@ def place_mesh(hw: Hardware, mesh: dict[str, int]) -> dict[str, tuple[Segment, .
                         f"mesh axis {name!r}={n} does not tile {hw.name}'s {level} dimension of {length}"
                     )
                 seg = hi // lo
-                segs.append(Segment(seg, bw, lat, wrap and seg == length, level))
+                segs.append(Segment(seg, bw, lat, wrap and seg == length, level, k, length))
             c *= length
         out[name] = tuple(segs)
     return out
+
+
+def group_segments(
+    placement: dict[str, tuple[Segment, ...]], axes: tuple[str, ...]
+) -> tuple[Segment, ...]:
+    """The segments of a group spanning several mesh axes: where two axes share a physical
+    dimension their lengths multiply (a ring that covers the whole dimension is closed).
+
+    Example:
+      >>> import autolayout as al
+      >>> p = place_mesh(al.hardware("tpu-v4-8"), {"a": 2, "b": 2})
+      >>> [(s.length, s.wraparound) for s in group_segments(p, ("a", "b"))]
+      [(2, False), (2, False)]
+    """
+    by_dim: dict[int, Segment] = {}
+    for a in axes:
+        for s in placement[a]:
+            if s.dim in by_dim:
+                o = by_dim[s.dim]
+                n = o.length * s.length
+                wrap = (o.wraparound or s.wraparound or o.dim_length == n) and n == s.dim_length
+                s = Segment(n, s.bandwidth, s.latency_s, wrap, s.level, s.dim, s.dim_length)
+            by_dim[s.dim] = s
+    return tuple(by_dim[k] for k in sorted(by_dim))
 
 
 def _eff_bw(hw: Hardware, s: Segment) -> float:

@@ -1,0 +1,376 @@
+"""``al.evaluate``: the predicted cost of a given layout (Mesh-TF rules on a mesh), no search.
+
+Rules map dim names to mesh axes and apply to every tensor of the step, Mesh-TF style: an
+axis of a tensor is split over its dim's mesh axes unless an earlier rule already took one
+of them for another axis of that tensor (the order of the rules is their priority). Each op
+splits its groups the same way, so where a tensor's layout and the layout its consumer
+splits it in differ (FSDP: weights stored split on ``d_model``, read whole because the batch
+took the axis), the consumer pays the resharding. A dim merged by a reshape (``batch*seq``)
+follows the rule of its leading part. Dims without a rule stay whole.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._errors import MeshError, RuleError
+from ._hardware import Hardware, hardware
+from ._ir import Graph, Tensor
+from ._plan import Plan
+from ._workload import Workload
+
+RuleSpec = Mapping[str, Any] | Sequence[tuple[str, Any]]
+
+
+def _close(name: str, known: Sequence[str]) -> str:
+    m = difflib.get_close_matches(name, list(known), n=3)
+    return f" (did you mean {', '.join(repr(x) for x in m)}?)" if m else ""
+
+
+def normalize_rules(rules: RuleSpec | None) -> list[tuple[str, tuple[str, ...]]]:
+    """``{"batch": "data", "heads": ("model",)}`` -> ``[("batch", ("data",)), ...]``."""
+    if rules is None:
+        return []
+    items = list(rules.items()) if isinstance(rules, Mapping) else list(rules)
+    out = []
+    for item in items:
+        try:
+            dim, axes = item
+        except (TypeError, ValueError):
+            raise RuleError(f"a rule is a (dim, mesh axes) pair, got {item!r}") from None
+        if axes is None:
+            axes = ()
+        elif isinstance(axes, str):
+            axes = (axes,)
+        axes = tuple(axes)
+        if not isinstance(dim, str) or not all(isinstance(a, str) for a in axes):
+            raise RuleError(f"rule {item!r}: dims and mesh axes are names (strings)")
+        if len(set(axes)) != len(axes):
+            raise RuleError(f"rule {dim!r} -> {axes}: names a mesh axis twice")
+        out.append((dim, axes))
+    dims = [d for d, _ in out]
+    dup = sorted({d for d in dims if dims.count(d) > 1})
+    if dup:
+        raise RuleError(f"two rules for dim {dup[0]!r}; give one per dim")
+    return out
+
+
+def check_mesh(hw: Hardware, mesh: Mapping[str, int]) -> dict[str, int]:
+    if not isinstance(mesh, Mapping) or not mesh:
+        raise MeshError(f"mesh must be a dict of axis name -> size, got {mesh!r}")
+    out = {}
+    for k, v in mesh.items():
+        if not isinstance(k, str) or not k:
+            raise MeshError(f"mesh axis names must be non-empty strings, got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise MeshError(f"mesh axis {k!r} must have a positive integer size, got {v!r}")
+        out[k] = v
+    n = math.prod(out.values())
+    if n != hw.num_devices:
+        shown = " x ".join(f"{k}={v}" for k, v in out.items())
+        raise MeshError(f"mesh {shown} has {n} devices but {hw.name} has {hw.num_devices}")
+    return out
+
+
+class RuleSet:
+    """Resolved rules: each dim's mesh axes and priority, checked against a graph and mesh."""
+
+    def __init__(self, g: Graph, mesh: Mapping[str, int], rules: RuleSpec | None) -> None:
+        self.rules = normalize_rules(rules)
+        self.mesh = dict(mesh)
+        carried: dict[str, Tensor] = {}
+        for t in g.inputs:
+            for d in g.tensors[t].dims:
+                if d is not None:
+                    carried.setdefault(d, g.tensors[t])
+        self.axes: dict[str, tuple[str, ...]] = {}
+        self.priority: dict[str, int] = {}
+        for k, (dim, axes) in enumerate(self.rules):
+            if dim not in carried:
+                where = "no input carries it" if dim in g.dims else "the workload has no such dim"
+                raise RuleError(
+                    f"rule {dim!r} -> {'x'.join(axes) or '()'}: {where}{_close(dim, list(carried))}"
+                )
+            for a in axes:
+                if a not in self.mesh:
+                    raise RuleError(
+                        f"rule {dim!r} -> {a!r}: the mesh has no axis {a!r} "
+                        f"(axes: {', '.join(self.mesh)})"
+                    )
+            n = math.prod(self.mesh[a] for a in axes)
+            size = g.dims[dim]
+            if size % n:
+                t = carried[dim]
+                raise RuleError(
+                    f"rule {dim!r} -> {'x'.join(axes)}: {t.path or t.name} has {dim!r} of size "
+                    f"{size}, which {'x'.join(axes)} = {n} does not divide"
+                )
+            self.axes[dim] = axes
+            self.priority[dim] = k
+        for dim, size in g.dims.items():  # a reshape's merged dim follows its leading part
+            if dim not in self.axes and "*" in dim:
+                lead = dim.split("*", 1)[0]
+                if (
+                    lead in self.axes
+                    and size % math.prod(self.mesh[a] for a in self.axes[lead]) == 0
+                ):
+                    self.axes[dim] = self.axes[lead]
+                    self.priority[dim] = self.priority[lead]
+
+    def layout(self, t: Tensor) -> tuple[tuple[str, ...], ...]:
+        """The tensor's layout: each axis its dim's mesh axes, earlier rules first."""
+        out: list[tuple[str, ...]] = [()] * len(t.shape)
+        used: set[str] = set()
+        order = sorted(
+            (self.priority[d], i) for i, d in enumerate(t.dims) if d is not None and d in self.axes
+        )
+        for _, i in order:
+            axes = self.axes[t.dims[i]]
+            if (
+                axes
+                and used.isdisjoint(axes)
+                and t.shape[i] % math.prod(self.mesh[a] for a in axes) == 0
+            ):
+                out[i] = axes
+                used.update(axes)
+        return tuple(out)
+
+    def assign(self, g: Graph, groups) -> list[tuple[str, ...]]:
+        """Mesh axes of each op group, by the same priority; fixed groups stay whole."""
+        out: list[tuple[str, ...]] = [()] * len(groups)
+        used: set[str] = set()
+        order = sorted(
+            (self.priority[grp.dim], k)
+            for k, grp in enumerate(groups)
+            if grp.kind != "fixed" and grp.dim in self.axes
+        )
+        for _, k in order:
+            grp = groups[k]
+            axes = self.axes[grp.dim]
+            n = math.prod(self.mesh[a] for a in axes)
+            sizes = [g.tensors[t].shape[a] for t, a in grp.members]
+            if axes and used.isdisjoint(axes) and all(s % n == 0 for s in sizes):
+                out[k] = axes
+                used.update(axes)
+        return out
+
+
+def _step_time(compute: float, comm: float, overlap: float) -> tuple[float, float, float]:
+    """(used, no-overlap bound, full-overlap bound): the profile's overlap factor interpolates."""
+    worst, best = compute + comm, max(compute, comm)
+    return best + (1.0 - overlap) * (worst - best), worst, best
+
+
+def price(
+    g: Graph,
+    hw: Hardware,
+    mesh: dict[str, int],
+    layouts: dict[str, tuple[tuple[str, ...], ...]],
+    assign_of,
+    *,
+    donated: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Prices a whole step: ``layouts`` of every tensor, ``assign_of(op, groups)`` each op's
+    strategy. Returns the per-op costs and the totals."""
+    from .cost_models.compute import peak_flops
+    from .cost_models.memory import liveness_peak
+    from .cost_models.sharding import (
+        LOOP_OPS,
+        Machine,
+        OpCost,
+        free_tensors,
+        local_bytes,
+        op_cost,
+        op_groups,
+    )
+
+    m = Machine(hw, mesh)
+    costs: list[OpCost] = []
+    resharded: set = set()
+    free = free_tensors(g)
+    for op in g.ops:
+        if op.primitive in LOOP_OPS:  # its body's ops carry the cost
+            continue
+        groups = op_groups(g, op)
+        costs.append(op_cost(m, g, op, groups, assign_of(op, groups), layouts, resharded, free))
+    compute = sum(c.compute_s * c.op.trip_count for c in costs)
+    comm = sum(c.comm_s * c.op.trip_count for c in costs)
+    used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)
+    flops = sum(c.flops * c.op.trip_count for c in costs)
+    model_flops = sum(op.flops * op.trip_count for op in g.ops if not op.remat)
+    mem = liveness_peak(g, lambda t: local_bytes(g.tensors[t], layouts[t], mesh), donated)
+    main_dtype = _main_dtype(g)
+    peak = peak_flops(hw, main_dtype) * hw.num_devices
+    predicted = {
+        "step_time_s": used,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": used - compute,
+        "step_time_no_overlap_s": worst,
+        "step_time_full_overlap_s": best,
+        "flops_per_device": flops,
+        "model_flops": model_flops,
+        "memory_bytes_per_device": mem.peak_bytes,
+        "memory_limit_bytes": hw.hbm_limit_bytes,
+        "memory_by_category": mem.by_category,
+        "fits": mem.peak_bytes <= hw.hbm_limit_bytes,
+        "mfu": model_flops / (used * peak) if used > 0 else 0.0,
+        "hfu": flops * hw.num_devices / (used * peak) if used > 0 else 0.0,
+        "dtype": main_dtype,
+    }
+    return {"costs": costs, "predicted": predicted}
+
+
+def _main_dtype(g: Graph) -> str:
+    """The element type of most matmul FLOPs (what the MFU's peak is taken at)."""
+    by: dict[str, float] = {}
+    for op in g.ops:
+        if op.primitive in ("dot_general", "conv_general_dilated") and op.inputs:
+            d = g.tensors[op.inputs[0]].dtype
+            by[d] = by.get(d, 0.0) + op.flops * op.trip_count
+    return max(by, key=by.get) if by else "float32"
+
+
+def plan_from_costs(
+    workload: Workload | None,
+    g: Graph,
+    hw: Hardware,
+    mesh: dict[str, int],
+    rules: list[tuple[str, tuple[str, ...]]],
+    layouts: dict,
+    priced: dict[str, Any],
+    status: str,
+    solver: dict[str, Any],
+) -> Plan:
+    ops, colls = [], []
+    reads: dict[str, dict] = {}
+    for c in priced["costs"]:
+        op = c.op
+        diff = {t: w for t, w in c.wanted.items() if w != layouts[t]}
+        if diff:
+            reads[op.name] = diff
+        kinds = sorted({x.kind for x in c.comms})
+        ops.append(
+            {
+                "op": op.name,
+                "kind": op.primitive,
+                "scope": "/".join(op.scope),
+                "dims": ",".join(
+                    dict.fromkeys(
+                        d
+                        for t in op.outputs + op.inputs
+                        for d in g.tensors[t].dims
+                        if d is not None
+                    )
+                ),
+                "strategy": ",".join(f"{d}:{'x'.join(a)}" for d, a in c.strategy.items()),
+                "trips": op.trip_count,
+                "flops": c.flops,
+                "bytes": c.bytes,
+                "compute_s": c.compute_s,
+                "comm_s": c.comm_s,
+                "collective": ",".join(kinds),
+            }
+        )
+        for x in c.comms:
+            colls.append(
+                {
+                    "op": op.name,
+                    "kind": x.kind,
+                    "axes": x.axes,
+                    "bytes": x.bytes,
+                    "time_s": x.time_s,
+                    "count": op.trip_count,
+                    "tensor": x.tensor,
+                    "why": x.why,
+                }
+            )
+    inputs = [
+        {
+            "path": g.tensors[t].path,
+            "shape": g.tensors[t].shape,
+            "dtype": g.tensors[t].dtype,
+            "dims": g.tensors[t].dims,
+            "layout": layouts[t],
+        }
+        for t in g.inputs
+    ]
+    return Plan(
+        status=status,
+        model=g.name,
+        hardware=hw.name,
+        mesh=dict(mesh),
+        rules_=rules,
+        inputs=inputs,
+        layouts=dict(layouts),
+        predicted=priced["predicted"],
+        ops=ops,
+        collectives_=colls,
+        solver=solver,
+        reads=reads,
+        options=dict(getattr(workload, "options", {}) or {}),
+        workload=workload,
+        graph=g,
+    )
+
+
+def donated_inputs(workload: Workload | None, g: Graph) -> list[str]:
+    if workload is None or not workload.donate_argnums:
+        return []
+    names = workload.argnames
+    roots = {names[i] for i in workload.donate_argnums if i < len(names)}
+    return [t for t in g.inputs if (g.tensors[t].path or "").split("/", 1)[0] in roots]
+
+
+def evaluate(
+    workload: Workload,
+    hw: Hardware | str,
+    *,
+    mesh: Mapping[str, int],
+    rules: RuleSpec | None = None,
+    graph: Graph | None = None,
+) -> Plan:
+    """The predicted cost of one layout: ``rules`` (dim -> mesh axes) on ``mesh``.
+
+    Example:
+      >>> import autolayout as al, jax, jax.numpy as jnp
+      >>> def step(w, x):
+      ...     return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+      >>> wl = al.Workload(step, (al.spec((256, 512), ("d_in", "d_out")),
+      ...                         al.spec((64, 256), ("batch", "d_in"))))
+      >>> p = al.evaluate(wl, "cpu-8", mesh={"data": 8}, rules={"batch": "data"})
+      >>> p.status, sorted(set(p.collectives()["kind"]))
+      ('EVALUATED', ['all-reduce'])
+    """
+    from .cost_models.sharding import check_layout
+
+    t0 = time.perf_counter()
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    mesh = check_mesh(hw, mesh)
+    if graph is None:
+        from ._trace import trace
+
+        graph = trace(workload)
+    rs = RuleSet(graph, mesh, rules)
+    layouts = {t: rs.layout(tt) for t, tt in graph.tensors.items()}
+    for t in graph.inputs:
+        check_layout(graph.tensors[t], layouts[t], mesh)
+    priced = price(
+        graph,
+        hw,
+        mesh,
+        layouts,
+        lambda op, groups: rs.assign(graph, groups),
+        donated=donated_inputs(workload, graph),
+    )
+    solver = {"status": "EVALUATED", "wall_s": time.perf_counter() - t0, "variables": 0}
+    solver["mesh_shapes_tried"] = [
+        {"mesh": dict(mesh), "step_time_s": priced["predicted"]["step_time_s"]}
+    ]
+    return plan_from_costs(
+        workload, graph, hw, mesh, rs.rules, layouts, priced, "EVALUATED", solver
+    )

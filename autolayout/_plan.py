@@ -1,0 +1,244 @@
+"""``Plan``: a layout with its predicted cost, as tables, and as a versioned JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import PlanError
+
+PLAN_VERSION = 1
+STATUSES = ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE", "EVALUATED")
+
+
+Layout = tuple[tuple[str, ...], ...]
+
+
+def _layout_json(layout: Layout) -> list[list[str]]:
+    return [list(a) for a in layout]
+
+
+def _layout_from(x: Any) -> Layout:
+    return tuple(tuple(str(a) for a in axes) for axes in x)
+
+
+def partition_spec(layout: Layout):
+    """The ``jax.sharding.PartitionSpec`` of a layout."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in layout])
+
+
+@dataclass
+class Plan:
+    """A layout of one workload on one mesh of one hardware profile, with its prediction.
+
+    ``summary()``, ``report()`` and ``collectives()`` read it; ``to_json``/``Plan.load`` keep
+    it; ``al.apply`` runs it; ``al.validate`` checks it against what XLA compiles.
+    """
+
+    status: str
+    model: str
+    hardware: str
+    mesh: dict[str, int]
+    rules_: list[tuple[str, tuple[str, ...]]]
+    inputs: list[dict[str, Any]]  # path, shape, dtype, dims, layout (flattened argument order)
+    layouts: dict[str, Layout]  # every tensor of the traced step
+    predicted: dict[str, Any]
+    ops: list[dict[str, Any]]  # report rows
+    collectives_: list[dict[str, Any]]
+    solver: dict[str, Any] = field(default_factory=dict)
+    # op -> {input tensor: layout} where an op reads a tensor in another layout than it has
+    reads: dict[str, dict[str, Layout]] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    workload: Any = field(default=None, repr=False, compare=False)
+    graph: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise PlanError(
+                f"plan status must be one of {', '.join(STATUSES)}, got {self.status!r}"
+            )
+
+    # --- reading ------------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    def summary(self) -> dict[str, Any]:
+        """Predicted step time (s), its compute and communication parts, FLOPs and memory per
+        device, MFU, and where the plan came from."""
+        return {
+            "status": self.status,
+            "model": self.model,
+            "hardware": self.hardware,
+            "mesh": dict(self.mesh),
+            "devices": self.devices,
+            **self.predicted,
+        }
+
+    def report(self):
+        """One row per op: what it computes, how it is split, what it costs per device."""
+        import pandas as pd
+
+        cols = [
+            "op", "kind", "scope", "dims", "strategy", "trips", "flops", "bytes",
+            "compute_s", "comm_s", "collective",
+        ]  # fmt: skip
+        return pd.DataFrame(self.ops, columns=cols)
+
+    def collectives(self):
+        """One row per collective of one op execution (``count`` executions a step)."""
+        import pandas as pd
+
+        cols = ["op", "kind", "axes", "bytes", "time_s", "count", "tensor", "why"]
+        return pd.DataFrame(self.collectives_, columns=cols)
+
+    def rules(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Mesh-TF layout rules, ``[(dim, (mesh axis, ...)), ...]`` (MaxText's format)."""
+        return [(d, tuple(a)) for d, a in self.rules_]
+
+    def partition_specs(self, workload: Any = None):
+        """A pytree of ``PartitionSpec`` matching the workload's arguments."""
+        import jax
+
+        wl = workload or self.workload
+        specs = [partition_spec(i["layout"]) for i in self.inputs]
+        if wl is None:
+            return {i["path"]: s for i, s in zip(self.inputs, specs, strict=True)}
+        treedef = jax.tree_util.tree_structure(wl.args)
+        if treedef.num_leaves != len(specs):
+            raise PlanError(
+                f"plan for {self.model!r} has {len(specs)} inputs, workload {wl.name!r} has "
+                f"{treedef.num_leaves}"
+            )
+        return jax.tree_util.tree_unflatten(treedef, specs)
+
+    def __repr__(self) -> str:
+        s = self.predicted
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        return (
+            f"Plan({self.status}, {self.model} on {self.hardware}, mesh {mesh}, "
+            f"step {s.get('step_time_s', float('nan')):.4g} s, mfu {s.get('mfu', float('nan')):.3f})"
+        )
+
+    # --- files --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_VERSION,
+            "status": self.status,
+            "model": self.model,
+            "options": self.options,
+            "hardware": self.hardware,
+            "mesh": {"axes": dict(self.mesh), "devices": self.devices},
+            "rules": [[d, list(a)] for d, a in self.rules_],
+            "inputs": [
+                {
+                    "path": i["path"],
+                    "shape": list(i["shape"]),
+                    "dtype": i["dtype"],
+                    "dims": list(i["dims"]),
+                    "spec": _layout_json(i["layout"]),
+                }
+                for i in self.inputs
+            ],
+            "predicted": self.predicted,
+            "collectives": [
+                {
+                    "op": c["op"],
+                    "kind": c["kind"],
+                    "axes": list(c["axes"]),
+                    "bytes_per_device": c["bytes"],
+                    "time_s": c["time_s"],
+                    "count": c["count"],
+                    "tensor": c["tensor"],
+                    "why": c["why"],
+                }
+                for c in self.collectives_
+            ],
+            "solver": self.solver,
+            "layouts": {t: _layout_json(lay) for t, lay in self.layouts.items()},
+            "reads": {
+                op: {t: _layout_json(lay) for t, lay in r.items()} for op, r in self.reads.items()
+            },
+            "ops": self.ops,
+        }
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=_jsonable))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "plan") -> Plan:
+        if not isinstance(d, dict) or "version" not in d:
+            raise PlanError(f"{source}: not an autolayout plan (no 'version' field)")
+        if d["version"] != PLAN_VERSION:
+            raise PlanError(
+                f"{source}: plan format version {d['version']!r}; this autolayout reads version "
+                f"{PLAN_VERSION} (re-run `autolayout plan` to write a new one)"
+            )
+        try:
+            return cls(
+                status=d["status"],
+                model=d["model"],
+                hardware=d["hardware"],
+                mesh={str(k): int(v) for k, v in d["mesh"]["axes"].items()},
+                rules_=[(r[0], tuple(r[1])) for r in d["rules"]],
+                inputs=[
+                    {
+                        "path": i["path"],
+                        "shape": tuple(i["shape"]),
+                        "dtype": i["dtype"],
+                        "dims": tuple(i["dims"]),
+                        "layout": _layout_from(i["spec"]),
+                    }
+                    for i in d["inputs"]
+                ],
+                layouts={t: _layout_from(v) for t, v in d.get("layouts", {}).items()},
+                reads={
+                    op: {t: _layout_from(v) for t, v in r.items()}
+                    for op, r in d.get("reads", {}).items()
+                },
+                predicted=dict(d["predicted"]),
+                ops=list(d.get("ops", [])),
+                collectives_=[
+                    {
+                        "op": c["op"],
+                        "kind": c["kind"],
+                        "axes": tuple(c["axes"]),
+                        "bytes": c["bytes_per_device"],
+                        "time_s": c["time_s"],
+                        "count": c.get("count", 1),
+                        "tensor": c.get("tensor", ""),
+                        "why": c.get("why", ""),
+                    }
+                    for c in d["collectives"]
+                ],
+                solver=dict(d.get("solver", {})),
+                options=dict(d.get("options", {})),
+            )
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            if isinstance(e, PlanError):
+                raise
+            raise PlanError(f"{source}: corrupted plan ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"{p}: no such plan file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise PlanError(f"{p}: corrupted plan file, not JSON ({e})") from None
+        return cls.from_dict(d, str(p))
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    raise TypeError(f"cannot write {type(x).__name__} to a plan file")

@@ -1,0 +1,399 @@
+"""How one op runs under a sharding, and what moving a tensor between shardings costs.
+
+A *layout* gives each axis of a tensor the mesh axes it is split over (``()`` for whole):
+``(("data",), (), ("model",))`` splits a ``[batch, seq, d_ff]`` activation's batch on
+``data`` and its d_ff on ``model``. A mesh axis splits at most one axis of a tensor.
+
+An op's axes fall into *groups*: the tensor axes its primitive equates (``Op.links``),
+joined transitively, plus every unlinked axis on its own. A group is
+
+* ``pass``: it reaches an output; splitting it splits the work and the output alike;
+* ``sum`` / ``max`` / ``min``: it is reduced away (a matmul's contracting dim, a
+  ``reduce_sum`` axis, an embedding's vocab in a gather): splitting it leaves each device a
+  partial result, which an all-reduce (or a reduce-scatter, when the consumer wants the result
+  split on that axis) completes;
+* ``fixed``: it must stay whole in this op (a sort axis, a concat axis, a conv's window).
+
+A *strategy* gives each group mesh axes. From it follow the layout the op wants of each
+input, the layout and partial axes of each output, and its local FLOPs; the difference
+between a tensor's layout and the one its consumer wants is a resharding
+(:func:`reshard`): dropping a split is an all-gather, moving one to another tensor axis an
+all-to-all, adding one a free local slice. This is Mesh-TF's einsum lowering
+(``mesh_tensorflow/ops.py``) and Alpa's resharding table, with the work counted.
+
+``bytes`` of a collective is its result buffer on one device, as XLA's compiled HLO shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autolayout._errors import LayoutError
+from autolayout._hardware import Hardware
+from autolayout._ir import Graph, Op, Tensor
+
+from .collectives import Segment, collective_time, group_segments, place_mesh
+from .compute import MATRIX_OPS, op_time
+
+Layout = tuple[tuple[str, ...], ...]
+
+LOOP_OPS = frozenset({"scan", "while", "cond"})
+# input-only groups of these primitives are reductions (each device sums its part)
+_SUM_OPS = frozenset(
+    {"dot_general", "conv_general_dilated", "reduce_sum", "gather", "scatter-add", "scatter_add"}
+)
+_REDUCE_KIND = {"reduce_max": "max", "reduce_min": "min"}
+# ops that move no data through HBM of their own (views, or fused into their consumer)
+_FREE_OPS = frozenset(
+    {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name", "iota", "stop_gradient"}
+)
+
+
+def replicated(rank: int) -> Layout:
+    return ((),) * rank
+
+
+def split_factor(axes: tuple[str, ...], mesh: dict[str, int]) -> int:
+    return math.prod(mesh[a] for a in axes)
+
+
+def local_shape(shape: tuple[int, ...], layout: Layout, mesh: dict[str, int]) -> tuple[int, ...]:
+    return tuple(s // split_factor(ax, mesh) for s, ax in zip(shape, layout, strict=True))
+
+
+def local_bytes(t: Tensor, layout: Layout, mesh: dict[str, int]) -> int:
+    return t.nbytes // math.prod(split_factor(ax, mesh) for ax in layout)
+
+
+def check_layout(t: Tensor, layout: Layout, mesh: dict[str, int]) -> None:
+    """Raises :class:`LayoutError` naming the tensor, dim and axis a layout cannot split."""
+    seen: set[str] = set()
+    label = t.path or t.name
+    for axis, (size, axes) in enumerate(zip(t.shape, layout, strict=True)):
+        for a in axes:
+            if a not in mesh:
+                raise LayoutError(f"{label}: unknown mesh axis {a!r} (mesh has {', '.join(mesh)})")
+            if a in seen:
+                raise LayoutError(f"{label}: mesh axis {a!r} splits two of its axes")
+            seen.add(a)
+        n = split_factor(axes, mesh)
+        if size % n:
+            dim = t.dims[axis] or f"axis {axis}"
+            raise LayoutError(
+                f"{label}: dim {dim!r} of size {size} does not divide over mesh axes "
+                f"{'x'.join(axes)} = {n}"
+            )
+
+
+# --- collectives ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """One collective: its kind, the mesh axes of its groups, result bytes per device."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    time_s: float
+    tensor: str
+    why: str  # "reshard" | "partial"
+
+
+@dataclass
+class Machine:
+    """A hardware profile with a mesh laid on it: prices collectives over mesh axes."""
+
+    hw: Hardware
+    mesh: dict[str, int]
+    placement: dict[str, tuple[Segment, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.placement = place_mesh(self.hw, self.mesh)
+
+    @property
+    def reduce_scatter(self) -> bool:
+        """Whether the backend lowers partial-sum-then-split as a reduce-scatter (XLA:CPU
+        lowers it as an all-reduce and a local slice)."""
+        return self.hw.kind != "cpu"
+
+    def comm(self, kind: str, axes: tuple[str, ...], result: int, tensor: str, why: str) -> Comm:
+        n = split_factor(axes, self.mesh)
+        full = result * n if kind in ("reduce-scatter", "all-to-all") else result
+        t = collective_time(self.hw, kind, group_segments(self.placement, axes), full)
+        return Comm(kind, tuple(axes), int(result), t, tensor, why)
+
+
+def _axis_positions(layout: Layout) -> dict[str, int]:
+    return {a: i for i, axes in enumerate(layout) for a in axes}
+
+
+def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
+    """The collectives that take tensor ``t`` from layout ``src`` to ``dst``.
+
+    Per tensor axis, the mesh axes the two layouts share as a prefix stay. Of the others, a
+    mesh axis ``dst`` puts on another tensor axis moves there by an all-to-all; the rest are
+    dropped by one all-gather over all of them. Splits ``dst`` adds are local slices, taken
+    first (they shrink what moves); an axis whose order changes is gathered and sliced again.
+    """
+    if src == dst:
+        return []
+    mesh = m.mesh
+    dpos = _axis_positions(dst)
+    cur: list[list[str]] = []
+    moved: list[str] = []
+    gathered: list[str] = []
+    for i, (s, d) in enumerate(zip(src, dst, strict=True)):
+        k = 0
+        while k < len(s) and k < len(d) and s[k] == d[k]:
+            k += 1
+        cur.append(list(s[:k]))
+        for a in s[k:]:
+            (moved if a in dpos and dpos[a] != i else gathered).append(a)
+    busy = {a for axes in src for a in axes}
+    for j, d in enumerate(dst):  # 1. free slices on mesh axes src does not use
+        cur[j] += [a for a in d if a not in busy]
+
+    def nbytes(extra: tuple[str, ...] = ()) -> int:
+        return t.nbytes // split_factor(tuple(a for axes in cur for a in axes) + extra, mesh)
+
+    out: list[Comm] = []
+    for a in moved:  # 2. all-to-all: the local size stays what it is
+        out.append(m.comm("all-to-all", (a,), nbytes((a,)), t.name, "reshard"))
+        cur[dpos[a]].append(a)
+    if gathered:  # 3. one all-gather; what it drops but dst wants is sliced again after
+        out.append(m.comm("all-gather", tuple(gathered), nbytes(), t.name, "reshard"))
+    return out
+
+
+def from_partial(
+    m: Machine, t: Tensor, produced: Layout, partial: tuple[str, ...], dst: Layout
+) -> list[Comm]:
+    """Completes a partial result (summed over ``partial`` mesh axes) into layout ``dst``.
+
+    A partial axis that ``dst`` splits ``t`` on is reduce-scattered (on backends that have
+    one; else all-reduced and sliced), the rest all-reduced; then :func:`reshard`.
+    """
+    out: list[Comm] = []
+    cur = [tuple(x) for x in produced]
+    if partial:
+        dp = _axis_positions(dst)
+        used = {a for axes in cur for a in axes}
+        scatter = [a for a in partial if a in dp and a not in used] if m.reduce_scatter else []
+        rest = tuple(a for a in partial if a not in scatter)
+        if scatter:
+            for a in scatter:
+                cur[dp[a]] = cur[dp[a]] + (a,)
+            result = local_bytes(t, tuple(cur), m.mesh)
+            out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial"))
+        if rest:
+            result = local_bytes(t, tuple(cur), m.mesh)
+            out.append(m.comm("all-reduce", rest, result, t.name, "partial"))
+    return out + reshard(m, t, tuple(cur), dst)
+
+
+# --- op groups ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Tensor axes of one op that split together (see the module docstring)."""
+
+    members: tuple[tuple[str, int], ...]  # (tensor, axis) split by the group's mesh axes
+    kind: str  # "pass" | "sum" | "max" | "min" | "fixed"
+    dim: str | None  # the dim that names the group (an output's, where it has one)
+    whole: tuple[tuple[str, int], ...] = ()  # axes that must stay whole (a reshape's minor axes)
+
+
+def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
+    """Axes this primitive cannot split (yet): sort/scan axes, conv windows, partial updates."""
+    p = op.primitive
+    ins = op.inputs
+    fixed: set[tuple[str, int]] = set()
+    if p in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"):
+        fixed.add((ins[0], op.param("scan_axis")))
+    elif p == "sort":
+        fixed.update((t, op.param("sort_axis")) for t in ins)
+    elif p == "top_k":  # XLA's SPMD partitioner replicates top_k whole (measured on XLA:CPU)
+        fixed.update((t, a) for t in ins + op.outputs for a in range(len(g.tensors[t].shape)))
+    elif p == "rev":
+        fixed.update((ins[0], a) for a in op.param("reversed_axes", ()))
+    elif p == "conv_general_dilated":
+        for sp in op.param("spatial", ()):
+            s = dict(sp)
+            fixed.update({(ins[0], s["lhs"]), (ins[1], s["rhs"]), (op.outputs[0], s["out"])})
+    elif p == "dynamic_update_slice":
+        op_shape, up_shape = g.tensors[ins[0]].shape, g.tensors[ins[1]].shape
+        fixed.update((ins[0], a) for a in range(len(op_shape)) if op_shape[a] != up_shape[a])
+    return fixed
+
+
+def op_groups(g: Graph, op: Op) -> list[Group]:
+    """The op's groups, in a fixed order (outputs' axes first)."""
+    tensors = list(dict.fromkeys(op.outputs + op.inputs))
+    members = [(t, a) for t in tensors for a, s in enumerate(g.tensors[t].shape) if s > 1]
+    parent = {k: k for k in members}
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for link in op.links:
+        live = [k for k in link if k in parent]
+        for k in live[1:]:
+            parent[find(k)] = find(live[0])
+    comps: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for k in members:
+        comps.setdefault(find(k), []).append(k)
+    outs = set(op.outputs)
+    if op.opaque or op.primitive in LOOP_OPS:
+        return [Group(tuple(c), "fixed", _dim(g, c)) for c in comps.values()]
+    fixed = _fixed_members(g, op)
+    reshaped: dict[tuple[str, int], Group] = {}
+    if op.primitive == "reshape":
+        src, dst = op.inputs[0], op.outputs[0]
+        groups = op.param("groups", ())
+        if not groups:  # a reshape with a transposition: nothing splits through it
+            fixed.update(members)
+        for ga, gc in groups:
+            if len(ga) == 1 and len(gc) == 1:
+                continue
+            ins_, outs_ = [(src, a) for a in ga], [(dst, a) for a in gc]
+            kind = "fixed" if len(ga) > 1 and len(gc) > 1 else "pass"
+            grp = Group((ins_[0], outs_[0]), kind, _dim(g, [outs_[0]]), tuple(ins_[1:] + outs_[1:]))
+            for k in ins_ + outs_:
+                reshaped[k] = grp
+    out: list[Group] = []
+    seen: set[int] = set()
+    for c in comps.values():
+        if c[0] in reshaped:
+            grp = reshaped[c[0]]
+            if id(grp) not in seen:
+                seen.add(id(grp))
+                out.append(grp)
+            continue
+        if any(k in fixed for k in c):
+            kind = "fixed"
+        elif any(t in outs for t, _ in c):
+            kind = "pass"
+        elif op.primitive in _SUM_OPS:
+            kind = "sum"
+        else:
+            kind = _REDUCE_KIND.get(op.primitive, "fixed")
+        out.append(Group(tuple(c), kind, _dim(g, c)))
+    return out
+
+
+def _dim(g: Graph, members) -> str | None:
+    for t, a in members:
+        d = g.tensors[t].dims[a]
+        if d is not None:
+            return d
+    return None
+
+
+# --- one op under one strategy ----------------------------------------------------------------
+
+
+@dataclass
+class OpCost:
+    """One op under one strategy, per device and per execution (``trip_count`` runs a step)."""
+
+    op: Op
+    strategy: dict[str, tuple[str, ...]]  # group dim -> mesh axes (split groups only)
+    wanted: dict[str, Layout]  # input tensor -> the layout the op reads it in
+    produced: dict[str, Layout]  # output tensor -> the layout the op writes it in
+    partial: tuple[str, ...]  # mesh axes the outputs are partial sums over
+    flops: float
+    bytes: float
+    compute_s: float
+    comms: list[Comm]
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.time_s for c in self.comms)
+
+
+def free_tensors(g: Graph) -> set[str]:
+    """Tensors any device can make in any layout: iotas, splats of a scalar, their converts."""
+    free: set[str] = set()
+    for op in g.ops:
+        p = op.primitive
+        if p == "iota" or (
+            p in ("broadcast_in_dim", "convert_element_type", "reshape")
+            and all(i in free or g.tensors[i].size == 1 for i in op.inputs)
+        ):
+            free.update(op.outputs)
+    return free
+
+
+def layouts_of(
+    g: Graph, op: Op, groups: list[Group], assign: list[tuple[str, ...]]
+) -> tuple[dict[str, Layout], dict[str, Layout], tuple[str, ...]]:
+    """(wanted input layouts, produced output layouts, partial axes) of a strategy."""
+    per: dict[str, list[tuple[str, ...]]] = {
+        t: [()] * len(g.tensors[t].shape) for t in dict.fromkeys(op.inputs + op.outputs)
+    }
+    partial: list[str] = []
+    for grp, axes in zip(groups, assign, strict=True):
+        for t, a in grp.members:
+            per[t][a] = axes
+        if grp.kind in ("sum", "max", "min"):
+            partial.extend(axes)
+    wanted = {t: tuple(per[t]) for t in op.inputs}
+    produced = {t: tuple(per[t]) for t in op.outputs}
+    return wanted, produced, tuple(partial)
+
+
+def op_cost(
+    m: Machine,
+    g: Graph,
+    op: Op,
+    groups: list[Group],
+    assign: list[tuple[str, ...]],
+    layouts: dict[str, Layout],
+    resharded: set | None = None,
+    free: set[str] | None = None,
+) -> OpCost:
+    """Prices ``op`` when its groups are split over ``assign`` and its tensors live in
+    ``layouts``: resharding of inputs, the local roofline, completing partial outputs.
+
+    ``resharded`` collects ``(tensor, layout)`` of the copies made so far: XLA keeps one copy of
+    a tensor per layout (common subexpressions merge, so FSDP's weights are gathered once for
+    the forward, the backward and any recomputation). Tensors in ``free`` (splats, iotas) are
+    re-made in any layout at no cost.
+    """
+    wanted, produced, partial = layouts_of(g, op, groups, assign)
+    comms: list[Comm] = []
+    for t in dict.fromkeys(op.inputs):
+        if wanted[t] == layouts[t] or (free is not None and t in free):
+            continue
+        if resharded is not None:
+            key = (t, wanted[t])
+            if key in resharded:
+                continue
+            resharded.add(key)
+        comms += reshard(m, g.tensors[t], layouts[t], wanted[t])
+    for t in op.outputs:
+        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
+    split = math.prod(split_factor(a, m.mesh) for grp, a in zip(groups, assign, strict=True))
+    flops = op.flops / split
+    if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS:
+        nbytes = 0.0
+    else:
+        nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
+        if op.primitive in MATRIX_OPS:
+            nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
+    dtype = g.tensors[op.inputs[0]].dtype if op.inputs else "float32"
+    compute = (
+        op_time(m.hw, op.primitive, flops, nbytes, dtype) if op.primitive not in LOOP_OPS else 0.0
+    )
+    strategy = {
+        (grp.dim or f"{grp.members[0][0]}.{grp.members[0][1]}"): a
+        for grp, a in zip(groups, assign, strict=True)
+        if a
+    }
+    return OpCost(op, strategy, wanted, produced, partial, flops, nbytes, compute, comms)

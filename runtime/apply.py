@@ -1,0 +1,240 @@
+"""``al.apply``: a plan as a ``jax.jit`` function whose shardings are the plan's.
+
+Inputs and outputs get ``NamedSharding``s on a ``jax.sharding.Mesh`` over the devices. The
+plan's intermediate layouts are pinned by re-interpreting the traced jaxpr equation by
+equation: every value the plan lays out is passed through ``jax.lax.with_sharding_constraint``
+with its layout, and where an op reads a tensor in another layout (FSDP's gathered weights)
+the operand is constrained to that layout first. XLA's SPMD partitioner then has nothing left
+to choose, and inserts the collectives the plan predicted. Calls are inlined, ``remat``
+regions stay ``jax.checkpoint`` regions (so XLA does not merge the recomputation away), and
+``scan``/``while``/``cond`` are rebuilt around their interpreted bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+from jax.sharding import Mesh, NamedSharding
+
+from autolayout._errors import MeshError, PlanError
+from autolayout._plan import Plan, partition_spec
+from autolayout._workload import Workload
+
+_INLINE = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+
+
+def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``Mesh`` of the plan's shape over ``devices`` (default: all of ``jax.devices()``)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) != plan.devices:
+        shown = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+        raise MeshError(
+            f"the plan's mesh {shown} needs {plan.devices} devices but {len(devices)} are "
+            f"available (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{plan.devices} before jax starts)"
+        )
+    return Mesh(np.array(devices).reshape(tuple(plan.mesh.values())), tuple(plan.mesh))
+
+
+def _closed(j: Any) -> tuple[Any, list[Any]]:
+    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+class _Interpreter:
+    def __init__(self, plan: Plan, mesh: Mesh, visits: dict, producer: dict[str, str]):
+        self.plan, self.mesh, self.visits, self.producer = plan, mesh, visits, producer
+        self._shardings: dict[tuple, NamedSharding] = {}
+
+    def sharding(self, layout) -> NamedSharding:
+        s = self._shardings.get(layout)
+        if s is None:
+            s = self._shardings[layout] = NamedSharding(self.mesh, partition_spec(layout))
+        return s
+
+    def pin(self, x: Any, layout) -> Any:
+        if layout is None or not hasattr(x, "shape") or len(layout) != len(x.shape):
+            return x
+        return jax.lax.with_sharding_constraint(x, self.sharding(layout))
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], path: tuple) -> list:
+        env: dict[Any, Any] = {}
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, Literal) else env[v]
+
+        layouts = self.plan.layouts
+        for index, eqn in enumerate(jaxpr.eqns):
+            key = path + (index,)
+            ins = [read(v) for v in eqn.invars]
+            prim = eqn.primitive.name
+            if prim in _INLINE:
+                sub, sub_consts = _closed(eqn.params[_INLINE[prim]])
+                outs = self.run(sub, sub_consts, ins, key)
+            elif prim in ("remat2", "checkpoint"):
+                outs = self._remat(eqn, ins, key)
+            elif prim == "scan":
+                outs = self._scan(eqn, ins, key)
+            elif prim == "while":
+                outs = self._while(eqn, ins, key)
+            elif prim == "cond":
+                outs = self._cond(eqn, ins, key)
+            else:
+                in_names, out_names = self.visits.get(key, ([], []))
+                op = next((self.producer[n] for n in out_names if n in self.producer), None)
+                reads = self.plan.reads.get(op, {}) if op else {}
+                ins = [
+                    self.pin(x, reads.get(n)) if n in reads else x
+                    for x, n in zip(ins, in_names, strict=False)
+                ]
+                res = eqn.primitive.bind(*ins, **eqn.params)
+                outs = list(res) if eqn.primitive.multiple_results else [res]
+                outs = [
+                    self.pin(x, layouts.get(n)) if n is not None else x
+                    for x, n in zip(outs, out_names, strict=False)
+                ]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def _remat(self, eqn: Any, ins: list, key: tuple) -> list:
+        sub, sub_consts = _closed(eqn.params["jaxpr"])
+
+        def body(*a):
+            return self.run(sub, sub_consts, a, key)
+
+        p = eqn.params
+        return list(jax.checkpoint(body, prevent_cse=p.get("prevent_cse", True))(*ins))
+
+    def _scan(self, eqn: Any, ins: list, key: tuple) -> list:
+        p = eqn.params
+        body, body_consts = _closed(p["jaxpr"])
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, init, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
+
+        def step(carry, x):
+            out = self.run(body, body_consts, [*consts, *carry, *x], key)
+            return out[:nk], out[nk:]
+
+        carry, ys = jax.lax.scan(
+            step, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+        )
+        return [*carry, *ys]
+
+    def _while(self, eqn: Any, ins: list, key: tuple) -> list:
+        p = eqn.params
+        cj, cjc = _closed(p["cond_jaxpr"])
+        bj, bjc = _closed(p["body_jaxpr"])
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cc, bc, init = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
+        return list(
+            jax.lax.while_loop(
+                lambda c: self.run(cj, cjc, [*cc, *c], key + ("cond",))[0],
+                lambda c: self.run(bj, bjc, [*bc, *c], key + ("body",)),
+                list(init),
+            )
+        )
+
+    def _cond(self, eqn: Any, ins: list, key: tuple) -> list:
+        branches = []
+        for k, br in enumerate(eqn.params["branches"]):
+            j, jc = _closed(br)
+            branches.append(lambda *a, j=j, jc=jc, k=k: self.run(j, jc, a, key + (k,)))
+        return list(jax.lax.switch(ins[0], branches, *ins[1:]))
+
+
+def check_inputs(plan: Plan, leaves: Sequence[Any], paths: Sequence[str]) -> None:
+    """Refuses arguments that are not the ones the plan was made for."""
+    if len(leaves) != len(plan.inputs):
+        raise PlanError(
+            f"the plan for {plan.model!r} has {len(plan.inputs)} inputs, the function's arguments "
+            f"have {len(leaves)}: it was made for another model"
+        )
+    for leaf, path, want in zip(leaves, paths, plan.inputs, strict=True):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if shape != tuple(want["shape"]) or path != want["path"]:
+            raise PlanError(
+                f"argument {path} has shape {shape} but the plan for {plan.model!r} expects "
+                f"{want['path']} of shape {tuple(want['shape'])}: it was made for another model "
+                f"or size"
+            )
+
+
+def apply(
+    plan: Plan,
+    fn: Any,
+    devices: Sequence[Any] | None = None,
+    *,
+    workload: Workload | None = None,
+):
+    """``fn`` as a ``jax.jit`` function laid out as ``plan`` says.
+
+    The result is called like ``fn`` (with real arrays) or lowered and compiled on abstract
+    arguments (``.lower(*workload.args).compile()``). The plan's mesh must have as many
+    devices as ``devices`` (default ``jax.devices()``).
+    """
+    from autolayout._trace import trace_with_jaxpr
+    from autolayout._workload import path_str
+
+    wl = workload or plan.workload
+    if wl is None:
+        raise PlanError(
+            "al.apply needs the plan's workload: pass workload=al.load_workload(...) for a plan "
+            "read from a file"
+        )
+    mesh = make_mesh(plan, devices)
+    wl_fn = Workload(fn, wl.args, donate_argnums=wl.donate_argnums, name=wl.name)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(wl.args)
+    paths = [path_str(p, wl.argnames) for p, _ in flat]
+    check_inputs(plan, [leaf for _, leaf in flat], paths)
+    graph, closed, visits = trace_with_jaxpr(wl_fn)
+    if not plan.layouts:
+        raise PlanError(f"the plan for {plan.model!r} holds no tensor layouts; re-run the planner")
+    missing = [t for t in graph.tensors if t not in plan.layouts]
+    if missing or len(graph.tensors) != len(plan.layouts):
+        raise PlanError(
+            f"the plan's traced step for {plan.model!r} has {len(plan.layouts)} tensors, this "
+            f"function has {len(graph.tensors)}: the plan was made for another function"
+        )
+    producer = {o: op.name for op in graph.ops for o in op.outputs}
+    interp = _Interpreter(plan, mesh, visits, producer)
+    in_shardings = jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(wl.args),
+        [interp.sharding(i["layout"]) for i in plan.inputs],
+    )
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *wl.args))
+    out_shardings = jax.tree_util.tree_unflatten(
+        out_tree, [interp.sharding(plan.layouts[t]) for t in graph.outputs]
+    )
+    jaxpr, consts = closed.jaxpr, closed.consts
+
+    def laid_out(*args):
+        leaves = jax.tree_util.tree_leaves(args)
+        outs = interp.run(jaxpr, consts, leaves, ())
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    laid_out.__name__ = getattr(fn, "__name__", "step")
+    del treedef
+    return jax.jit(
+        laid_out,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        donate_argnums=wl.donate_argnums,
+    )

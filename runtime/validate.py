@@ -1,0 +1,185 @@
+"""``al.validate``: the plan's prediction beside what XLA compiles for it.
+
+The applied step is lowered on abstract arguments and compiled (nothing is allocated). From
+the compiled HLO text every collective is read with its result bytes per device and its
+group size; a collective inside a ``while`` body (a scanned layer stack) counts once per
+trip, from XLA's ``known_trip_count``. FLOPs come from ``cost_analysis()`` and memory from
+``memory_analysis()``. One row per collective kind, then ``flops`` and ``memory``.
+
+``cost_analysis()`` counts the body of a ``while`` loop once, whatever its trip count, so the
+``flops`` row does too (each op's FLOPs once); collective bytes are per step on both sides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autolayout._plan import Plan
+from autolayout._workload import Workload
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_ITEMSIZE = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_INSTR = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(\S+)\s*=\s*(.+?)\s+(" + "|".join(KINDS) + r")(-start)?\((.*)$"
+)
+_COMP = re.compile(r"^(?:ENTRY\s+)?%?(\S+)\s.*\{\s*$")  # headers are not indented
+_WHILE = re.compile(r"\bwhile\(.*?body=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+@dataclass(frozen=True, slots=True)
+class HloCollective:
+    kind: str
+    bytes: int  # result buffer per device
+    group: int  # devices per replica group
+    computation: str
+    count: int  # executions per step (while trip counts multiplied in)
+
+
+def _shape_bytes(text: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(text):
+        if dtype not in _ITEMSIZE:
+            continue
+        n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+        total += n * _ITEMSIZE[dtype]
+    return total
+
+
+def _group_size(line: str) -> int:
+    m = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=\[([0-9,]+)\]<=", line)
+    if m:
+        return int(m.group(1).split(",")[-1])
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        names = re.findall(r"'(\w+)'", m.group(2))
+        return int(np.prod([int(sizes[n]) for n in names])) if names else 1
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", line)
+    if m:
+        return 2
+    return 1
+
+
+def hlo_collectives(hlo: str) -> list[HloCollective]:
+    """Every collective of a compiled HLO module, with its executions per step."""
+    comp = None
+    body_trip: dict[str, tuple[str, int]] = {}  # body computation -> (parent, trips)
+    found: list[tuple[str, int, int, str]] = []
+    for line in hlo.splitlines():
+        m = _COMP.match(line)
+        if m:
+            comp = m.group(1)
+            continue
+        w = _WHILE.search(line)
+        if w:
+            t = _TRIP.search(line)
+            body_trip[w.group(1)] = (comp or "", int(t.group(1)) if t else 1)
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        result, kind, start = m.group(2), m.group(3), m.group(4)
+        if start:  # async: (operands..., outputs...) — the outputs are the second half
+            arrays = _ARRAY.findall(result)
+            half = arrays[len(arrays) // 2 :]
+            result = " ".join(f"{d}[{s}]" for d, s in half)
+        found.append((kind, _shape_bytes(result), _group_size(line), comp or ""))
+
+    def count(c: str, depth: int = 0) -> int:
+        if c not in body_trip or depth > 16:
+            return 1
+        parent, n = body_trip[c]
+        return n * count(parent, depth + 1)
+
+    return [HloCollective(k, b, g, c, count(c)) for k, b, g, c in found if g > 1]
+
+
+def compile_plan(plan: Plan, workload: Workload, devices: Sequence[Any] | None = None):
+    from .apply import apply
+
+    f = apply(plan, workload.fn, devices, workload=workload)
+    return f.lower(*workload.args).compile()
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, list):
+        ca = ca[0] if ca else {}
+    return dict(ca or {})
+
+
+def validate(
+    plan: Plan,
+    workload: Workload | None = None,
+    devices: Sequence[Any] | None = None,
+    *,
+    tolerance: float = 0.10,
+):
+    """Predicted vs XLA-compiled, one row per collective kind, then FLOPs and memory.
+
+    Columns: ``quantity``, ``predicted``, ``compiled``, ``ratio`` (compiled / predicted),
+    ``predicted_count``, ``compiled_count``, ``checked`` (whether ``ok`` counts), ``ok``
+    (within ``tolerance``; a kind predicted or compiled alone is never ok). Memory is shown,
+    not checked: the liveness walk is a lower bound on XLA's buffers.
+    """
+    import pandas as pd
+
+    wl = workload or plan.workload
+    compiled = compile_plan(plan, wl, devices)
+    colls = hlo_collectives(compiled.as_text())
+    pred = plan.collectives()
+    rows = []
+    for kind in KINDS:
+        p = pred[pred["kind"] == kind]
+        pb = float((p["bytes"] * p["count"]).sum()) if len(p) else 0.0
+        pc = int(p["count"].sum()) if len(p) else 0
+        cs = [c for c in colls if c.kind == kind]
+        cb = float(sum(c.bytes * c.count for c in cs))
+        cc = sum(c.count for c in cs)
+        if pb == 0 and cb == 0:
+            continue
+        rows.append(_row(kind, pb, cb, pc, cc, True, tolerance))
+    s = plan.summary()
+    flops = _cost(compiled).get("flops", float("nan"))
+    ops = plan.report()  # cost_analysis() counts a while body once: so does this row
+    once = float(ops["flops"].sum()) if len(ops) else 0.0
+    rows.append(_row("flops", once, flops, None, None, True, tolerance))
+    ma = compiled.memory_analysis()
+    mem = float("nan")
+    if ma is not None:
+        mem = float(
+            ma.argument_size_in_bytes
+            + ma.output_size_in_bytes
+            - ma.alias_size_in_bytes
+            + ma.temp_size_in_bytes
+        )
+    rows.append(_row("memory", s["memory_bytes_per_device"], mem, None, None, False, tolerance))
+    return pd.DataFrame(rows)
+
+
+def _row(q, pred, comp, pc, cc, checked, tol) -> dict[str, Any]:
+    ratio = comp / pred if pred else float("inf") if comp else 1.0
+    ok = bool(pred > 0 and comp > 0 and abs(ratio - 1.0) <= tol) if checked else True
+    return {
+        "quantity": q,
+        "predicted": pred,
+        "compiled": comp,
+        "ratio": ratio,
+        "predicted_count": pc,
+        "compiled_count": cc,
+        "checked": checked,
+        "ok": ok,
+    }

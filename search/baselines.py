@@ -1,0 +1,110 @@
+"""The layouts people write by hand, built from a workload's dim names.
+
+* ``dp``: data parallel, the batch split over every device, weights replicated.
+* ``fsdp``: FSDP / ZeRO-3: the batch and every weight split over one axis; weights are
+  all-gathered before use and their gradients reduce-scattered.
+* ``megatron``: Megatron-LM tensor parallelism over every device: attention heads, the MLP's
+  ``d_ff`` and the vocabulary split; two all-reduces per layer forward and backward.
+* ``2d``: Megatron tensor parallelism on a ``model`` axis, data parallelism on ``data``.
+* ``megatron_fsdp``: Megatron on ``model``, FSDP on ``fsdp``.
+
+Tensor-parallel dims are ``heads``, ``d_ff`` and ``vocab`` where the workload has them (the
+names of ``experiments/models``); elsewhere the parameter dim that holds the most bytes. The
+FSDP dim is ``d_model``, else every parameter dim in order of the bytes it holds (each weight
+takes the first that divides). Each layout is ``(mesh, rules)`` for ``al.evaluate``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from autolayout._errors import RuleError
+from autolayout._ir import Graph
+
+NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp")
+TP_DIMS = ("heads", "d_ff", "vocab")
+
+
+def _param_dims(g: Graph, batch: str, devices: int = 1) -> list[str]:
+    """Dims of the parameters that ``devices`` divides, most bytes first (the batch and
+    stacked-layer dims left out)."""
+    by: dict[str, int] = {}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if not (tt.path or "").startswith("params"):
+            continue
+        for d in tt.dims:
+            if d is not None and d not in (batch, "layers") and g.dims[d] % devices == 0:
+                by[d] = by.get(d, 0) + tt.nbytes
+    return sorted(by, key=lambda d: (-by[d], d))
+
+
+def batch_dim(g: Graph) -> str:
+    """The dim of the batch inputs' leading axis (``batch`` in the example models)."""
+    if "batch" in g.dims:
+        return "batch"
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if (tt.path or "").startswith("batch") and tt.dims and tt.dims[0]:
+            return tt.dims[0]
+    raise RuleError(f"workload {g.name!r}: no batch dim (name one 'batch' with al.spec)")
+
+
+def tp_dims(g: Graph, model_dims: Sequence[str] | None = None, devices: int = 1) -> list[str]:
+    if model_dims is not None:
+        return list(model_dims)
+    named = [d for d in TP_DIMS if d in g.dims]
+    return named or _param_dims(g, batch_dim(g), devices)[:1]
+
+
+def _split(n: int, sizes: Sequence[int]) -> int:
+    """The largest divisor of ``n`` that divides every size (the model axis of a 2-D mesh),
+    at most ``sqrt(n)`` rounded up to a divisor so that the data axis keeps its share."""
+    best = 1
+    for m in range(1, n + 1):
+        if n % m == 0 and all(s % m == 0 for s in sizes) and m * m <= n * 2:
+            best = m
+    return best
+
+
+def standard_layout(
+    g: Graph, name: str, devices: int, *, model_dims: Sequence[str] | None = None
+) -> tuple[dict[str, int], list[tuple[str, tuple[str, ...]]]]:
+    """``(mesh, rules)`` of one hand-written layout for ``devices`` devices.
+
+    Example:
+      >>> import autolayout as al
+      >>> g = al.trace(al.load_workload("experiments/models/gpt.py"))
+      >>> standard_layout(g, "2d", 8)
+      ({'data': 2, 'model': 4}, [('batch', ('data',)), ('heads', ('model',)), ('d_ff', ('model',)), ('vocab', ('model',))])
+    """
+    if name not in NAMES:
+        raise RuleError(f"unknown standard layout {name!r}; known: {', '.join(NAMES)}")
+    batch = batch_dim(g)
+    tp = tp_dims(g, model_dims, devices)
+    fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, devices)
+    if name == "dp":
+        return {"data": devices}, [(batch, ("data",))]
+    if name == "fsdp":
+        return {"fsdp": devices}, [(batch, ("fsdp",))] + [(d, ("fsdp",)) for d in fsdp]
+    if name == "megatron":
+        return {"model": devices}, [(d, ("model",)) for d in tp]
+    m = _split(devices, [g.dims[d] for d in tp])
+    if name == "2d":
+        return {"data": devices // m, "model": m}, [(batch, ("data",))] + [
+            (d, ("model",)) for d in tp
+        ]
+    rules = [(batch, ("fsdp",))] + [(d, ("model",)) for d in tp]
+    rules += [(d, ("fsdp",)) for d in fsdp if d not in tp]
+    return {"fsdp": devices // m, "model": m}, rules
+
+
+def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, int], list]]:
+    """Every standard layout that the workload's dims divide on ``devices`` devices."""
+    out = {}
+    for name in NAMES:
+        mesh, rules = standard_layout(g, name, devices, **kw)
+        if all(g.dims[d] % math.prod(mesh[a] for a in axes) == 0 for d, axes in rules):
+            out[name] = (mesh, rules)
+    return out
