@@ -201,7 +201,8 @@ def price(
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
     used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)
     flops = sum(c.flops * c.op.trip_count for c in costs)
-    model_flops = sum(op.flops * op.trip_count for op in g.ops if not op.remat)
+    again = recomputed_ops(g)
+    model_flops = sum(op.flops * op.trip_count for op in g.ops if op.name not in again)
     mem = liveness_peak(g, lambda t: local_bytes(g.tensors[t], layouts[t], mesh), donated)
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices
@@ -223,6 +224,47 @@ def price(
         "dtype": main_dtype,
     }
     return {"costs": costs, "predicted": predicted}
+
+
+def recomputed_ops(g: Graph) -> set[str]:
+    """The ops that redo forward work in the backward pass (remat), for MFU's model FLOPs.
+
+    The backward pass is what follows the op that writes the loss (the step's last scalar
+    float output). A remat region there holds the recomputed forward and the region's own
+    backward; an op of it is a recomputation when none of its inputs depends on a cotangent,
+    i.e. on a value the backward pass made outside the recomputation.
+    """
+    index = {op.name: i for i, op in enumerate(g.ops)}
+    producer = {o: op.name for op in g.ops for o in op.outputs}
+    losses = [
+        producer[o]
+        for o in g.outputs
+        if o in producer and g.tensors[o].size == 1 and "float" in g.tensors[o].dtype
+    ]
+    if not losses:
+        return set()
+    end = max(index[p] for p in losses)
+    outer: dict[str, str] = {}  # a loop body's input -> the tensor the loop feeds it
+    for op in g.ops:
+        for o, b in op.param("body_inputs", ()):
+            outer[b] = o
+    again: set[str] = set()
+    cot: dict[str, bool] = {}
+
+    def is_cot(t: str) -> bool:
+        if t in cot:
+            return cot[t]
+        if t in outer:
+            return is_cot(outer[t])
+        p = producer.get(t)
+        return p is not None and index[p] > end and p not in again
+
+    for i, op in enumerate(g.ops):
+        if i > end and op.remat and not any(is_cot(t) for t in op.inputs):
+            again.add(op.name)
+        for o in op.outputs:
+            cot[o] = i > end and op.name not in again
+    return again
 
 
 def _main_dtype(g: Graph) -> str:

@@ -264,6 +264,12 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     params = {"length": length, "reverse": bool(p["reverse"]), "num_consts": nc, "num_carry": nk}
     params["body_outputs"] = tuple(f"t{t}" for t in body_out)
     params["aliased_inputs"] = tuple(f"t{t}" for t in ins[:nc] if t is not None)
+    # (outer input, body input) pairs of the carries and scanned inputs
+    params["body_inputs"] = tuple(
+        (f"t{t}", f"t{bt}")
+        for t, bt in zip(ins[nc:], body_in[nc:], strict=True)
+        if t is not None and bt is not None
+    )
     b.emit(number, "scan", ins, outs, params)
     b.loops.append(Loop(name, "scan", length, tuple(op.name for op in b.ops[first:-1])))
     return outs

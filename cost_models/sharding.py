@@ -118,6 +118,12 @@ class Machine:
         lowers it as an all-reduce and a local slice)."""
         return self.hw.kind != "cpu"
 
+    def reduction_bytes(self, t: Tensor, nbytes: int) -> int:
+        """XLA:CPU promotes 16-bit float all-reduces to float32 (``add.clone_promoted``)."""
+        if self.hw.kind == "cpu" and t.dtype in ("bfloat16", "float16"):
+            return nbytes * 2
+        return nbytes
+
     def comm(self, kind: str, axes: tuple[str, ...], result: int, tensor: str, why: str) -> Comm:
         n = split_factor(axes, self.mesh)
         full = result * n if kind in ("reduce-scatter", "all-to-all") else result
@@ -185,10 +191,10 @@ def from_partial(
         if scatter:
             for a in scatter:
                 cur[dp[a]] = cur[dp[a]] + (a,)
-            result = local_bytes(t, tuple(cur), m.mesh)
+            result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
             out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial"))
         if rest:
-            result = local_bytes(t, tuple(cur), m.mesh)
+            result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
             out.append(m.comm("all-reduce", rest, result, t.name, "partial"))
     return out + reshard(m, t, tuple(cur), dst)
 

@@ -1,0 +1,227 @@
+"""al.evaluate: hand-derived golden costs, the layout errors, the plan file."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autolayout as al
+from autolayout.search.baselines import standard_layout, standard_layouts
+from conftest import load_model
+
+BF16 = jnp.bfloat16
+
+
+def mlp_workload():
+    def f(x, w1, w2):
+        y = jax.nn.relu(x @ w1) @ w2
+        return jnp.sum(y.astype(jnp.float32))
+
+    return al.Workload(
+        f,
+        (
+            al.spec((64, 1024), ("batch", "d_in"), BF16),
+            al.spec((1024, 4096), ("d_in", "hidden"), BF16),
+            al.spec((4096, 1024), ("hidden", "d_out"), BF16),
+        ),
+        name="mlp2",
+    )
+
+
+def test_two_matmul_mlp_on_a_2x4_mesh_golden():
+    # h100-8: one NVLink node, 4.5e11 B/s one way per GPU, collective efficiency 0.8, NCCL
+    # step latency 1.9 us. Mesh data=2 x model=4; batch -> data, hidden -> model (Megatron MLP).
+    #  h = x @ w1: x [64/2, 1024] replicated on model, w1 [1024, 4096/4]: local, no collective.
+    #  y = relu(h) @ w2: hidden is contracted and split on model: y [32, 1024] bf16 is partial
+    #    over model -> all-reduce of 32*1024*2 = 65536 B over 4 GPUs:
+    #    2*(4-1) steps * 1.9e-6 + 2 * 65536 * 3/4 / (4.5e11 * 0.8) = 1.14e-5 + 2.7307e-7 s.
+    #  sum(y): batch is split on data -> the f32 scalar (4 B) is partial over data -> all-reduce
+    #    over 2 GPUs: 2*(2-1) * 1.9e-6 + 2 * 4 * 1/2 / 3.6e11 = 3.8e-6 s (+ 1.1e-11).
+    p = al.evaluate(
+        mlp_workload(),
+        "h100-8",
+        mesh={"data": 2, "model": 4},
+        rules={"batch": "data", "hidden": "model"},
+    )
+    c = p.collectives()
+    assert list(zip(c["kind"], c["axes"], c["bytes"], strict=True)) == [
+        ("all-reduce", ("model",), 65536),
+        ("all-reduce", ("data",), 4),
+    ]
+    assert c["time_s"][0] == pytest.approx(6 * 1.9e-6 + 2 * 65536 * 0.75 / 3.6e11)
+    assert c["time_s"][1] == pytest.approx(2 * 1.9e-6 + 2 * 4 * 0.5 / 3.6e11)
+    s = p.summary()
+    assert s["comm_s"] == pytest.approx(c["time_s"].sum())
+    # FLOPs per device: both matmuls split 8 ways: 2*64*1024*4096 * 2 / 8 = 134217728, plus the
+    # elementwise relu/convert/sum on local blocks: (32*1024 relu) + (32*1024)*2.
+    assert s["flops_per_device"] == pytest.approx(134217728 + 32 * 1024 + 32 * 1024 * 2)
+    # compute: matmul FLOPs at bf16 peak 9.89e14 * 0.8, or HBM bytes at 3.35e12 * 0.85
+    r = p.report().set_index("op")
+    mm = r.loc["dot_general.0"]
+    assert mm["compute_s"] == pytest.approx(
+        max(mm["flops"] / (9.89e14 * 0.8), mm["bytes"] / (3.35e12 * 0.85))
+    )
+    # step time: the overlap factor 0.5 interpolates between full and no overlap
+    lo, hi = s["step_time_full_overlap_s"], s["step_time_no_overlap_s"]
+    assert lo <= s["step_time_s"] <= hi
+    assert s["step_time_s"] == pytest.approx(lo + 0.5 * (hi - lo))
+    # memory: x 64*1024*2/2, w1 and w2 1024*4096*2/4 each, at their split sizes
+    assert s["memory_by_category"]["w1"] == 1024 * 4096 * 2 // 4
+    assert s["memory_by_category"]["x"] == 64 * 1024 * 2 // 2
+
+
+def test_the_golden_mlp_matches_xla():
+    # the same plan priced as XLA:CPU compiles it: a bf16 all-reduce is promoted to f32 there
+    p = al.evaluate(
+        mlp_workload(),
+        "cpu-8",
+        mesh={"data": 2, "model": 4},
+        rules={"batch": "data", "hidden": "model"},
+    )
+    v = al.validate(p).set_index("quantity")
+    assert v.loc["all-reduce", "compiled"] == 2 * 65536 + 4
+    assert v.loc["all-reduce", "predicted"] == 2 * 65536 + 4
+    assert v["ok"].all(), v
+
+
+def test_fsdp_gathers_weights_once_and_reduce_scatters_gradients_on_tpu():
+    g = al.trace(load_model("gpt"))
+    mesh, rules = standard_layout(g, "fsdp", 8)
+    p = al.evaluate(load_model("gpt"), "tpu-v5e-8", mesh=mesh, rules=rules, graph=g)
+    c = p.collectives()
+    kinds = set(c["kind"])
+    assert {"all-gather", "reduce-scatter"} <= kinds
+    gathered = c[c["kind"] == "all-gather"]
+    assert not gathered["tensor"].duplicated().any()  # one gather per weight
+    # on XLA:CPU a reduce-scatter is an all-reduce and a slice, and is priced so
+    cpu = al.evaluate(load_model("gpt"), "cpu-8", mesh=mesh, rules=rules, graph=g)
+    assert "reduce-scatter" not in set(cpu.collectives()["kind"])
+
+
+def test_layouts_split_memory_and_cost_communication(gpt_graph):
+    wl = load_model("gpt")
+    dp = al.evaluate(wl, "tpu-v5e-8", mesh={"data": 8}, rules={"batch": "data"}, graph=gpt_graph)
+    mesh, rules = standard_layout(gpt_graph, "fsdp", 8)
+    fsdp = al.evaluate(wl, "tpu-v5e-8", mesh=mesh, rules=rules, graph=gpt_graph)
+    a, b = dp.summary(), fsdp.summary()
+    assert b["memory_by_category"]["params"] * 8 == a["memory_by_category"]["params"]
+    assert b["comm_s"] > 0 and a["comm_s"] > 0
+    # DP splits every matmul 8 ways; the optimizer's elementwise work stays replicated
+    r = dp.report()
+    mm = r[r["kind"] == "dot_general"]
+    dots = sum(op.flops for op in gpt_graph.ops if op.primitive == "dot_general")
+    assert (mm["flops"] * mm["trips"]).sum() == pytest.approx(dots / 8)
+    assert a["flops_per_device"] > gpt_graph.total_flops / 8
+
+
+def test_standard_layouts_are_named_from_dims(gpt_graph):
+    lays = standard_layouts(gpt_graph, 8)
+    assert lays["dp"] == ({"data": 8}, [("batch", ("data",))])
+    assert lays["fsdp"][1] == [("batch", ("fsdp",)), ("d_model", ("fsdp",))]
+    assert "megatron" not in lays  # tiny GPT has 4 heads: pure TP on 8 does not divide
+    assert lays["megatron_fsdp"][0] == {"fsdp": 2, "model": 4}
+
+
+def test_remat_adds_recompute_flops_but_model_flops_stay():
+    opts = dict(layers=8, vocab=64, batch=64)  # activations, not gradients, set the peak
+    none = al.evaluate(
+        load_model("gpt", **opts), "cpu-8", mesh={"data": 8}, rules={"batch": "data"}
+    )
+    full = al.evaluate(
+        load_model("gpt", remat="full", **opts), "cpu-8", mesh={"data": 8}, rules={"batch": "data"}
+    )
+    a, b = none.summary(), full.summary()
+    assert b["flops_per_device"] > a["flops_per_device"] * 1.2
+    assert b["model_flops"] == pytest.approx(a["model_flops"], rel=0.01)
+    assert b["mfu"] < b["hfu"]
+    assert b["memory_by_category"]["activations"] < a["memory_by_category"]["activations"] / 2
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def _one_line(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_a_rule_for_an_unknown_dim_is_an_error(gpt_graph):
+    with pytest.raises(al.RuleError) as e:
+        al.evaluate(
+            load_model("gpt"), "cpu-8", mesh={"data": 8}, rules={"btach": "data"}, graph=gpt_graph
+        )
+    msg = _one_line(e)
+    assert "'btach'" in msg and "'batch'" in msg  # names it, suggests the right one
+
+
+def test_a_rule_for_an_unknown_mesh_axis_is_an_error(gpt_graph):
+    with pytest.raises(al.RuleError) as e:
+        al.evaluate(
+            load_model("gpt"), "cpu-8", mesh={"data": 8}, rules={"batch": "dta"}, graph=gpt_graph
+        )
+    assert "'dta'" in _one_line(e) and "data" in str(e.value)
+
+
+def test_a_mesh_that_is_not_the_device_count_is_an_error(gpt_graph):
+    with pytest.raises(al.MeshError) as e:
+        al.evaluate(load_model("gpt"), "cpu-8", mesh={"data": 2, "model": 2}, graph=gpt_graph)
+    msg = _one_line(e)
+    assert "4 devices" in msg and "cpu-8 has 8" in msg
+
+
+def test_a_layout_that_does_not_divide_is_an_error(gpt_graph):
+    # tiny GPT has 4 heads; a model axis of 8 does not divide them
+    with pytest.raises(al.RuleError) as e:
+        al.evaluate(
+            load_model("gpt"), "cpu-8", mesh={"model": 8}, rules={"heads": "model"}, graph=gpt_graph
+        )
+    msg = _one_line(e)
+    assert "'heads'" in msg and "size 4" in msg and "model = 8" in msg
+
+
+def test_a_rule_for_a_dim_no_input_carries_is_an_error(gpt_graph):
+    inner = next(d for d in gpt_graph.dims if d.startswith("seq#"))
+    with pytest.raises(al.RuleError, match="no input carries it"):
+        al.evaluate(
+            load_model("gpt"), "cpu-8", mesh={"data": 8}, rules={inner: "data"}, graph=gpt_graph
+        )
+
+
+# --- the plan file ----------------------------------------------------------------------------
+
+
+def test_plan_round_trips_through_json(tmp_path, gpt_graph):
+    p = al.evaluate(
+        load_model("gpt"),
+        "cpu-8",
+        mesh={"data": 2, "model": 4},
+        rules={"batch": "data", "heads": "model", "d_ff": "model"},
+        graph=gpt_graph,
+    )
+    f = tmp_path / "plan.json"
+    p.to_json(f)
+    d = json.loads(f.read_text())
+    assert d["version"] == 1 and d["mesh"] == {"axes": {"data": 2, "model": 4}, "devices": 8}
+    assert d["rules"] == [["batch", ["data"]], ["heads", ["model"]], ["d_ff", ["model"]]]
+    q = al.Plan.load(f)
+    assert q.summary() == p.summary()
+    assert q.rules() == p.rules()
+    assert q.layouts == p.layouts
+    assert q.collectives().equals(p.collectives())
+    spec = p.partition_specs()[0]["layers"][0]["wq"]
+    assert spec == jax.sharding.PartitionSpec(None, "model", None)
+
+
+def test_bad_plan_files_are_refused(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text("{not json")
+    with pytest.raises(al.PlanError, match="not JSON"):
+        al.Plan.load(f)
+    f.write_text(json.dumps({"version": 99}))
+    with pytest.raises(al.PlanError, match="version 99"):
+        al.Plan.load(f)
+    f.write_text(json.dumps({"version": 1, "status": "EVALUATED"}))
+    with pytest.raises(al.PlanError, match="corrupted"):
+        al.Plan.load(f)
