@@ -109,5 +109,147 @@ def trace_cmd(model: str, sets: tuple[str, ...]) -> None:
         click.echo(f"  {op.name}: {op.param('reason')}")
 
 
+def parse_axes(text: str | None, what: str) -> dict[str, Any]:
+    """``"data=16,model=8"`` -> ``{"data": 16, "model": 8}`` (values kept as text for rules)."""
+    out: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise click.BadParameter(
+                f"expected NAME=VALUE[,NAME=VALUE...], got {item!r}", param_hint=what
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _mesh(text: str) -> dict[str, int]:
+    mesh = parse_axes(text, "--mesh")
+    try:
+        return {k: int(v) for k, v in mesh.items()}
+    except ValueError:
+        raise click.BadParameter(
+            f"mesh axis sizes are integers, got {text!r}", param_hint="--mesh"
+        ) from None
+
+
+def _summary_lines(plan) -> list[str]:
+    s = plan.summary()
+    gib = 2**30
+    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    rules = ", ".join(f"{d} -> {'x'.join(a) or '()'}" for d, a in plan.rules()) or "(none)"
+    return [
+        f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})",
+        f"rules: {rules}",
+        f"step time {s['step_time_s']:.4g} s (compute {s['compute_s']:.4g} s, communication "
+        f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
+        f"{s['step_time_no_overlap_s']:.4g} s)",
+        f"MFU {s['mfu']:.3f}, memory {s['memory_bytes_per_device'] / gib:.3f} GiB per device of "
+        f"{s['memory_limit_bytes'] / gib:.1f} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
+    ]
+
+
+@main.command("evaluate")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--hw", "hw_name", required=True, help="Hardware, e.g. tpu-v4-256, h100-64, cpu-8.")
+@click.option("--mesh", "mesh_text", help="Mesh axes, e.g. data=16,model=8.")
+@click.option(
+    "--rules",
+    "rules_text",
+    help="Layout rules, e.g. batch=data,heads=model (a+b for several axes).",
+)
+@click.option("--layout", help="A standard layout instead: dp, fsdp, megatron, 2d, megatron_fsdp.")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option for the model's workload().",
+)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
+def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> None:
+    """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
+    from ._evaluate import evaluate
+
+    wl = load_workload(model, **parse_sets(sets))
+    hw = hardware(hw_name)
+    g = trace(wl)
+    if layout:
+        from .search.baselines import standard_layout
+
+        if mesh_text or rules_text:
+            raise click.UsageError("give either --layout or --mesh/--rules, not both")
+        mesh, rules = standard_layout(g, layout, hw.num_devices)
+    else:
+        if not mesh_text:
+            raise click.UsageError("give --mesh (and --rules), or --layout")
+        mesh = _mesh(mesh_text)
+        rules = {k: tuple(v.split("+")) for k, v in parse_axes(rules_text, "--rules").items()}
+    plan = evaluate(wl, hw, mesh=mesh, rules=rules, graph=g)
+    for line in _summary_lines(plan):
+        click.echo(line)
+    top = plan.report().assign(t=lambda r: (r.compute_s + r.comm_s) * r.trips)
+    click.echo("costliest ops:")
+    for r in top.nlargest(3, "t").itertuples():
+        click.echo(f"  {r.op:<24} {r.t:.4g} s  {r.strategy or 'replicated'}  {r.collective}")
+    if out:
+        plan.to_json(out)
+        click.echo(f"plan written to {out}")
+
+
+@main.command("validate")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--devices", type=int, help="Fake CPU devices to compile for (default: the plan's).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option for the model's workload().",
+)
+@click.option("--tolerance", default=0.10, show_default=True, help="Allowed relative error.")
+def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
+    """Compile MODEL.py laid out as PLAN and compare its collectives and FLOPs with the plan."""
+    import os
+
+    from ._plan import Plan
+
+    plan = Plan.load(plan_path)
+    n = devices or plan.devices
+    flag = f"--xla_force_host_platform_device_count={n}"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+    from ._errors import ModelFileError, PlanError
+
+    options = {**plan.options, **parse_sets(sets)}
+    try:
+        wl = load_workload(model, **options)
+    except ModelFileError as e:
+        raise PlanError(
+            f"{plan_path} was made for {plan.model!r}, whose options {model} does not take: "
+            f"a plan made for another model? ({e})"
+        ) from e
+    import jax
+
+    from .runtime import validate
+
+    v = validate(plan, wl, jax.devices()[:n] if devices else None, tolerance=tolerance)
+    click.echo(f"{plan.model} laid out as {plan_path}, compiled for {n} devices:")
+    click.echo(f"{'quantity':<20} {'predicted':>14} {'compiled':>14} {'ratio':>8}  ")
+    for r in v.itertuples():
+        mark = ("ok" if r.ok else "OFF") if r.checked else "(shown)"
+        click.echo(
+            f"{r.quantity:<20} {r.predicted:>14.6g} {r.compiled:>14.6g} {r.ratio:>8.3f}  {mark}"
+        )
+    bad = v[v["checked"] & ~v["ok"]]
+    if len(bad):
+        click.echo(
+            f"error: {', '.join(bad['quantity'])} off by more than {tolerance:.0%}", err=True
+        )
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -88,3 +88,60 @@ def test_unknown_hardware_is_a_one_line_error():
 def test_bad_set_is_a_usage_error():
     r = run("trace", str(MODELS / "mlp.py"), "--set", "oops")
     assert r.exit_code == 2 and "expected KEY=VALUE" in r.output
+
+
+def test_evaluate_then_validate_a_plan_file(tmp_path):
+    plan = tmp_path / "plan.json"
+    gpt = str(MODELS / "gpt.py")
+    r = run("evaluate", gpt, "--hw", "cpu-8", "--mesh", "data=2,model=4",
+            "--rules", "batch=data,heads=model,d_ff=model", "--out", str(plan))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "mesh data=2 x model=4" in r.output and "heads -> model" in r.output
+    assert plan.exists()
+    r = run("validate", gpt, "--plan", str(plan))
+    assert r.exit_code == 0, r.output
+    assert "all-reduce" in r.output and "ok" in r.output
+
+
+def test_validate_exits_non_zero_when_the_prediction_is_off(tmp_path):
+    import json
+
+    plan = tmp_path / "plan.json"
+    gpt = str(MODELS / "gpt.py")
+    assert (
+        run("evaluate", gpt, "--hw", "cpu-8", "--layout", "fsdp", "--out", str(plan)).exit_code == 0
+    )
+    d = json.loads(plan.read_text())
+    for c in d["collectives"]:
+        if c["kind"] == "all-gather":
+            c["bytes_per_device"] *= 2  # a prediction twice what XLA will compile
+    plan.write_text(json.dumps(d))
+    r = run("validate", gpt, "--plan", str(plan))
+    assert r.exit_code == 1
+    assert "all-gather off by more than 10%" in r.output
+
+
+def test_validate_refuses_too_few_devices(tmp_path):
+    plan = tmp_path / "plan.json"
+    gpt = str(MODELS / "gpt.py")
+    assert (
+        run("evaluate", gpt, "--hw", "cpu-8", "--layout", "dp", "--out", str(plan)).exit_code == 0
+    )
+    r = run("validate", gpt, "--plan", str(plan), "--devices", "4")
+    assert r.exit_code == 2
+    assert "needs 8 devices but 4 are available" in r.output
+
+
+def test_validate_refuses_a_plan_for_another_model(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert run("evaluate", str(MODELS / "mlp.py"), "--hw", "cpu-8", "--layout", "dp",
+               "--out", str(plan)).exit_code == 0  # fmt: skip
+    r = run("validate", str(MODELS / "gpt.py"), "--plan", str(plan))
+    assert r.exit_code == 2
+    assert "was made for 'mlp'" in r.output and "another model" in r.output
+    # the same model at another size: the arguments' shapes differ
+    assert run("evaluate", str(MODELS / "gpt.py"), "--hw", "cpu-8", "--layout", "dp",
+               "--out", str(plan)).exit_code == 0  # fmt: skip
+    r = run("validate", str(MODELS / "gpt.py"), "--plan", str(plan), "--set", "d_ff=128")
+    assert r.exit_code == 2
+    assert "made for another model or size" in r.output
