@@ -183,6 +183,7 @@ def price(
         Machine,
         OpCost,
         free_tensors,
+        fused_ops,
         local_bytes,
         op_cost,
         op_groups,
@@ -192,11 +193,14 @@ def price(
     costs: list[OpCost] = []
     resharded: set = set()
     free = free_tensors(g)
+    fused = fused_ops(g)
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
         groups = op_groups(g, op)
-        costs.append(op_cost(m, g, op, groups, assign_of(op, groups), layouts, resharded, free))
+        costs.append(
+            op_cost(m, g, op, groups, assign_of(op, groups), layouts, resharded, free, fused)
+        )
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
     used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)

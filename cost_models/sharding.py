@@ -323,6 +323,36 @@ class OpCost:
         return sum(c.time_s for c in self.comms)
 
 
+def fused_ops(g: Graph) -> set[str]:
+    """Elementwise ops XLA fuses into their consumers: their results never reach HBM.
+
+    An elementwise result is written to HBM only where a consumer cannot fuse it (a matmul,
+    a reduction, a gather...), where the backward pass reads it later (two or more readers),
+    or where it leaves the step. The rest stay in registers inside a loop fusion.
+    """
+    from autolayout._dim_rules import ELEMENTWISE
+
+    elementwise = set(ELEMENTWISE) | {"name"}
+    readers: dict[str, list[Op]] = {}
+    for op in g.ops:
+        for t in dict.fromkeys(op.inputs):
+            readers.setdefault(t, []).append(op)
+    outputs = set(g.outputs)
+    fused = set()
+    for op in g.ops:
+        if op.primitive not in elementwise:
+            continue
+        if all(
+            o not in outputs
+            and len(readers.get(o, ())) == 1
+            and readers[o][0].primitive in elementwise
+            and readers[o][0].scope == op.scope
+            for o in op.outputs
+        ):
+            fused.add(op.name)
+    return fused
+
+
 def free_tensors(g: Graph) -> set[str]:
     """Tensors any device can make in any layout: iotas, splats of a scalar, their converts."""
     free: set[str] = set()
@@ -363,6 +393,7 @@ def op_cost(
     layouts: dict[str, Layout],
     resharded: set | None = None,
     free: set[str] | None = None,
+    fused: set[str] | None = None,
 ) -> OpCost:
     """Prices ``op`` when its groups are split over ``assign`` and its tensors live in
     ``layouts``: resharding of inputs, the local roofline, completing partial outputs.
@@ -387,7 +418,7 @@ def op_cost(
         comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
     split = math.prod(split_factor(a, m.mesh) for grp, a in zip(groups, assign, strict=True))
     flops = op.flops / split
-    if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS:
+    if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS or (fused and op.name in fused):
         nbytes = 0.0
     else:
         nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
