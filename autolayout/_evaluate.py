@@ -207,7 +207,15 @@ def price(
     flops = sum(c.flops * c.op.trip_count for c in costs)
     again = recomputed_ops(g)
     model_flops = sum(op.flops * op.trip_count for op in g.ops if op.name not in again)
-    mem = liveness_peak(g, lambda t: local_bytes(g.tensors[t], layouts[t], mesh), donated)
+    index = {op.name: i for i, op in enumerate(g.ops)}
+    spans: dict[tuple, list[int]] = {}  # (tensor, layout) read in another layout: op span
+    for c in costs:
+        for t, w in c.wanted.items():
+            if w != layouts[t] and t not in free:
+                span = spans.setdefault((t, w), [index[c.op.name], index[c.op.name]])
+                span[1] = index[c.op.name]
+    copies = [(a, b, local_bytes(g.tensors[t], w, mesh)) for (t, w), (a, b) in spans.items()]
+    mem = liveness_peak(g, lambda t: local_bytes(g.tensors[t], layouts[t], mesh), donated, copies)
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices
     predicted = {

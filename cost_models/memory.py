@@ -35,9 +35,12 @@ def liveness_peak(
     g: Graph,
     nbytes: Callable[[str], int],
     donated: Sequence[str] = (),
+    copies: Sequence[tuple[int, int, int]] = (),
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
-    input tensors whose buffers the step's outputs may reuse."""
+    input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
+    ``(first op index, last op index, bytes)`` (a tensor resharded for its readers: FSDP's
+    gathered weights live from the first reader to the last)."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
@@ -65,7 +68,12 @@ def liveness_peak(
     live = 0
     peak, peak_op = 0, None
     dying: dict[int, int] = {}
+    born: dict[int, int] = {}
+    for first, last_i, b in copies:
+        born[first] = born.get(first, 0) + b
+        dying[last_i] = dying.get(last_i, 0) + b
     for i, op in enumerate(g.ops):
+        live += born.pop(i, 0)
         for t in op.outputs:
             if t in inputs or t in aliased or g.tensors[t].role == "input":
                 continue
