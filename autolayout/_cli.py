@@ -35,6 +35,15 @@ def parse_sets(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+_set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option for the model's workload().",
+)
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -75,13 +84,7 @@ def hw_cmd(name: str | None) -> None:
 
 @main.command("trace")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An option for the model's workload().",
-)
+@_set_option
 def trace_cmd(model: str, sets: tuple[str, ...]) -> None:
     """Trace MODEL.py's train step: named dims with sizes, op counts by kind, opaque ops."""
     wl = load_workload(model, **parse_sets(sets))
@@ -160,13 +163,7 @@ def _summary_lines(plan) -> list[str]:
     help="Layout rules, e.g. batch=data,heads=model (a+b for several axes).",
 )
 @click.option("--layout", help="A standard layout instead: dp, fsdp, megatron, 2d, megatron_fsdp.")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An option for the model's workload().",
-)
+@_set_option
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
@@ -202,13 +199,7 @@ def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> No
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--devices", type=int, help="Fake CPU devices to compile for (default: the plan's).")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An option for the model's workload().",
-)
+@_set_option
 @click.option("--tolerance", default=0.10, show_default=True, help="Allowed relative error.")
 def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
     """Compile MODEL.py laid out as PLAN and compare its collectives and FLOPs with the plan."""

@@ -69,10 +69,9 @@ def check_mesh(hw: Hardware, mesh: Mapping[str, int]) -> dict[str, int]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise MeshError(f"mesh axis {k!r} must have a positive integer size, got {v!r}")
         out[k] = v
-    n = math.prod(out.values())
-    if n != hw.num_devices:
-        shown = " x ".join(f"{k}={v}" for k, v in out.items())
-        raise MeshError(f"mesh {shown} has {n} devices but {hw.name} has {hw.num_devices}")
+    from .cost_models.collectives import place_mesh
+
+    place_mesh(hw, out)  # the device count, and each axis against the topology
     return out
 
 

@@ -209,7 +209,6 @@ class Group:
     members: tuple[tuple[str, int], ...]  # (tensor, axis) split by the group's mesh axes
     kind: str  # "pass" | "sum" | "max" | "min" | "fixed"
     dim: str | None  # the dim that names the group (an output's, where it has one)
-    whole: tuple[tuple[str, int], ...] = ()  # axes that must stay whole (a reshape's minor axes)
 
 
 def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
@@ -416,7 +415,7 @@ def op_cost(
         comms += reshard(m, g.tensors[t], layouts[t], wanted[t])
     for t in op.outputs:
         comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
-    split = math.prod(split_factor(a, m.mesh) for grp, a in zip(groups, assign, strict=True))
+    split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split
     if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS or (fused and op.name in fused):
         nbytes = 0.0

@@ -114,11 +114,9 @@ def run_row(row: dict) -> dict:
     wl = workload_of(row)
     hw = hardware_for(row["hardware"], int(row["chips"]))
     t0 = time.perf_counter()
-    s = al.evaluate(
-        wl, hw, mesh=layout_of(row["layout"])[0], rules=layout_of(row["layout"])[1]
-    ).summary()
-    metric = "hfu" if row["id"].startswith("G") else "mfu"  # Narayanan et al. count recompute
-    pred, pub = s[metric], float(row["mfu"])
+    p = predict(row, wl, None, hw)
+    s, metric = p["summary"], p["metric"]
+    pred, pub = p["predicted"], float(row["mfu"])
     return {
         "id": row["id"],
         "model": row["model"],

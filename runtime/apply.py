@@ -216,8 +216,7 @@ def apply(
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer)
     in_shardings = jax.tree_util.tree_unflatten(
-        jax.tree_util.tree_structure(wl.args),
-        [interp.sharding(i["layout"]) for i in plan.inputs],
+        treedef, [interp.sharding(i["layout"]) for i in plan.inputs]
     )
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *wl.args))
     out_shardings = jax.tree_util.tree_unflatten(
@@ -231,7 +230,6 @@ def apply(
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     laid_out.__name__ = getattr(fn, "__name__", "step")
-    del treedef
     return jax.jit(
         laid_out,
         in_shardings=in_shardings,

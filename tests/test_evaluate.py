@@ -29,6 +29,12 @@ def mlp_workload():
     )
 
 
+def mlp_plan(hw: str) -> al.Plan:
+    return al.evaluate(
+        mlp_workload(), hw, mesh={"data": 2, "model": 4}, rules={"batch": "data", "hidden": "model"}
+    )
+
+
 def test_two_matmul_mlp_on_a_2x4_mesh_golden():
     # h100-8: one NVLink node, 4.5e11 B/s one way per GPU, collective efficiency 0.8, NCCL
     # step latency 1.9 us. Mesh data=2 x model=4; batch -> data, hidden -> model (Megatron MLP).
@@ -38,12 +44,7 @@ def test_two_matmul_mlp_on_a_2x4_mesh_golden():
     #    2*(4-1) steps * 1.9e-6 + 2 * 65536 * 3/4 / (4.5e11 * 0.8) = 1.14e-5 + 2.7307e-7 s.
     #  sum(y): batch is split on data -> the f32 scalar (4 B) is partial over data -> all-reduce
     #    over 2 GPUs: 2*(2-1) * 1.9e-6 + 2 * 4 * 1/2 / 3.6e11 = 3.8e-6 s (+ 1.1e-11).
-    p = al.evaluate(
-        mlp_workload(),
-        "h100-8",
-        mesh={"data": 2, "model": 4},
-        rules={"batch": "data", "hidden": "model"},
-    )
+    p = mlp_plan("h100-8")
     c = p.collectives()
     assert list(zip(c["kind"], c["axes"], c["bytes"], strict=True)) == [
         ("all-reduce", ("model",), 65536),
@@ -73,12 +74,7 @@ def test_two_matmul_mlp_on_a_2x4_mesh_golden():
 
 def test_the_golden_mlp_matches_xla():
     # the same plan priced as XLA:CPU compiles it: a bf16 all-reduce is promoted to f32 there
-    p = al.evaluate(
-        mlp_workload(),
-        "cpu-8",
-        mesh={"data": 2, "model": 4},
-        rules={"batch": "data", "hidden": "model"},
-    )
+    p = mlp_plan("cpu-8")
     v = al.validate(p).set_index("quantity")
     assert v.loc["all-reduce", "compiled"] == 2 * 65536 + 4
     assert v.loc["all-reduce", "predicted"] == 2 * 65536 + 4
