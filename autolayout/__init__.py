@@ -44,6 +44,18 @@ def apply(plan, fn, devices=None, **kw):
     return _apply(plan, fn, devices, **kw)
 
 
+def plan(workload, hw, *, mesh=None, memory_limit=None, time_limit_s=60.0, **kw):
+    """The layout and mesh shape with the least predicted step time that fits in memory
+    (``autolayout.search``): an :class:`Plan` with status OPTIMAL, FEASIBLE, TIMEOUT or
+    INFEASIBLE (then ``plan.solver["least_memory_bytes"]`` says what the least-memory
+    layout found needs)."""
+    from .search.planner import plan as _plan
+
+    return _plan(
+        workload, hw, mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, **kw
+    )
+
+
 def validate(plan, workload=None, devices=None, **kw):
     """The plan's prediction beside what XLA compiles for it (``autolayout.runtime``)."""
     from .runtime import validate as _validate

@@ -184,6 +184,10 @@ def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> No
         mesh = _mesh(mesh_text)
         rules = {k: tuple(v.split("+")) for k, v in parse_axes(rules_text, "--rules").items()}
     plan = evaluate(wl, hw, mesh=mesh, rules=rules, graph=g)
+    _print_plan(plan, out)
+
+
+def _print_plan(plan, out: str | None) -> None:
     for line in _summary_lines(plan):
         click.echo(line)
     top = plan.report().assign(t=lambda r: (r.compute_s + r.comm_s) * r.trips)
@@ -193,6 +197,105 @@ def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> No
     if out:
         plan.to_json(out)
         click.echo(f"plan written to {out}")
+
+
+class _Progress:
+    """A progress bar (rich, on stderr) over the mesh shapes being seeded and solved."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        stage = event["stage"]
+        label = {"seed": "hand layouts per mesh shape", "solve": "ILP on the best shapes"}[stage]
+        if stage not in self.tasks:
+            self.tasks[stage] = self.bar.add_task(label, total=event["of"])
+        mesh = "x".join(str(v) for v in event["mesh"].values())
+        self.bar.update(self.tasks[stage], completed=event["done"], description=f"{label} ({mesh})")
+
+
+def _plan_options(f):
+    f = click.option(
+        "--time-limit",
+        "time_limit",
+        default=60.0,
+        show_default=True,
+        help="Seconds for the search.",
+    )(f)
+    f = _set_option(f)
+    f = click.option("--hw", "hw_name", required=True, help="Hardware, e.g. tpu-v4-256.")(f)
+    return click.argument("model", type=click.Path(dir_okay=False))(f)
+
+
+@main.command("plan")
+@_plan_options
+@click.option("--mesh", "mesh_text", help="Fix the mesh, e.g. data=16,model=8.")
+@click.option("--memory-limit", type=float, help="GiB per device (default: HBM x headroom).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
+def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, out) -> None:
+    """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
+    from .search.planner import plan
+
+    wl = load_workload(model, **parse_sets(sets))
+    hw = hardware(hw_name)
+    mesh = _mesh(mesh_text) if mesh_text else None
+    limit = memory_limit * 2**30 if memory_limit is not None else None
+    with _Progress() as progress:
+        p = plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress)
+    if p.status == "INFEASIBLE":
+        need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
+        click.echo(
+            f"no layout found fits in {p.predicted['memory_limit_bytes'] / 2**30:.1f} GiB per "
+            f"device; the least memory found needs {need / 2**30:.2f} GiB (shown below)",
+            err=True,
+        )
+    _print_plan(p, out)
+    tried = p.solver["mesh_shapes_tried"]
+    solved = sum(r["status"] not in ("SEEDED",) for r in tried)
+    click.echo(
+        f"searched {len(tried)} mesh shapes ({solved} solved by the ILP) in "
+        f"{p.solver['wall_s']:.1f} s; exceptions to the rules: {len(p.solver['exceptions'])}"
+    )
+    if p.status == "INFEASIBLE":
+        sys.exit(1)
+
+
+@main.command("compare")
+@_plan_options
+def compare_cmd(model, hw_name, sets, time_limit) -> None:
+    """One table: the planner's layout beside DP, FSDP, Megatron, 2-D and Megatron+FSDP."""
+    from .search.planner import compare
+
+    wl = load_workload(model, **parse_sets(sets))
+    with _Progress() as progress:
+        df = compare(wl, hardware(hw_name), time_limit_s=time_limit, progress=progress)
+    click.echo(
+        f"{'layout':<14} {'mesh':<22} {'step s':>10} {'exposed comm':>12} {'GiB/dev':>9} "
+        f"{'fits':>5} {'MFU':>6}"
+    )
+    for r in df.itertuples():
+        click.echo(
+            f"{r.layout:<14} {r.mesh:<22} {r.step_time_s:>10.4g} {r.exposed_comm_share:>12.1%} "
+            f"{r.memory_gib:>9.2f} {'yes' if r.fits else 'NO':>5} {r.mfu:>6.3f}"
+        )
 
 
 @main.command("validate")

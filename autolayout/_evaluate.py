@@ -176,7 +176,7 @@ def price(
     """Prices a whole step: ``layouts`` of every tensor, ``assign_of(op, groups)`` each op's
     strategy. Returns the per-op costs and the totals."""
     from .cost_models.compute import peak_flops
-    from .cost_models.memory import liveness_peak
+    from .cost_models.memory import aliased_outputs, liveness_peak
     from .cost_models.sharding import (
         LOOP_OPS,
         Machine,
@@ -200,6 +200,7 @@ def price(
         costs.append(
             op_cost(m, g, op, groups, assign_of(op, groups), layouts, resharded, free, fused)
         )
+    costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
     used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)
@@ -235,6 +236,27 @@ def price(
         "dtype": main_dtype,
     }
     return {"costs": costs, "predicted": predicted}
+
+
+def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:
+    """Resharding where a loop, a branch or donated state hands a tensor over in another
+    layout, as one row per (op, trips): a carry is handed over every iteration."""
+    import dataclasses
+
+    from .cost_models.sharding import OpCost, boundaries, boundary_comms
+
+    rows: dict[tuple[str, int], OpCost] = {}
+    ops = {op.name: op for op in g.ops}
+    for b in boundaries(g, aliased):
+        comms = boundary_comms(m, g, b, layouts[b.src], layouts[b.dst])
+        if not comms:
+            continue
+        key = (b.owner, b.trips)
+        if key not in rows:
+            op = dataclasses.replace(ops.get(b.owner, g.ops[-1]), trip_count=b.trips)
+            rows[key] = OpCost(op, {}, {}, {}, (), 0.0, 0.0, 0.0, [])
+        rows[key].comms.extend(comms)
+    return list(rows.values())
 
 
 def recomputed_ops(g: Graph) -> set[str]:

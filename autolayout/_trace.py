@@ -270,6 +270,12 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
         for t, bt in zip(ins[nc:], body_in[nc:], strict=True)
         if t is not None and bt is not None
     )
+    # (body output, body input) of each carry: the next iteration reads what this one wrote
+    params["carries"] = tuple(
+        (f"t{body_out[k]}", f"t{body_in[nc + k]}")
+        for k in range(nk)
+        if body_in[nc + k] is not None and body_in[nc + k] != body_out[k]
+    )
     b.emit(number, "scan", ins, outs, params)
     b.loops.append(Loop(name, "scan", length, tuple(op.name for op in b.ops[first:-1])))
     return outs
@@ -307,7 +313,19 @@ def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
         outs.append(o)
     live = tuple(f"t{t}" for t in body_out + cond_out)
     aliased = tuple(f"t{t}" for t in ins[: cn + bn] if t is not None)
-    params = {"trip_count_known": False, "body_outputs": live, "aliased_inputs": aliased}
+    params = {
+        "trip_count_known": False,
+        "body_outputs": live,
+        "aliased_inputs": aliased,
+        "body_inputs": tuple(
+            (f"t{t}", f"t{ct}")
+            for t, ct in zip(ins[cn + bn :], carry, strict=True)
+            if t is not None
+        ),
+        "carries": tuple(
+            (f"t{bo}", f"t{ct}") for bo, ct in zip(body_out, carry, strict=True) if bo != ct
+        ),
+    }
     b.emit(number, "while", ins, outs, params)
     body = tuple(op.name for op in b.ops[first:-1])
     b.loops.append(Loop(name, "while", 1, body, length_known=False))

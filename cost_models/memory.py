@@ -31,6 +31,45 @@ def _category(path: str | None) -> str:
     return path.split("/", 1)[0] if path else "inputs"
 
 
+def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
+    """Step outputs that take a donated input's buffer: output -> input. The k-th output of a
+    shape and dtype reuses the k-th donated input of that shape and dtype (a train step
+    returns its new state in the order it took the old one)."""
+    slots: dict[tuple, list[str]] = {}
+    for t in donated:
+        tt = g.tensors[t]
+        slots.setdefault((tt.shape, tt.dtype), []).append(t)
+    out: dict[str, str] = {}
+    for o in g.outputs:
+        tt = g.tensors[o]
+        queue = slots.get((tt.shape, tt.dtype))
+        if tt.role != "input" and queue and o not in out:
+            out[o] = queue.pop(0)
+    return out
+
+
+def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int]]:
+    """``(tensor, first op index, last op index)`` of every buffer the step allocates: op
+    results from the op that writes them to their last reader (the step's outputs to the
+    end), inputs and outputs that reuse a donated input left out."""
+    aliased = set(aliased_outputs(g, donated))
+    last: dict[str, int] = {}
+    for i, op in enumerate(g.ops):
+        for t in op.inputs:
+            last[t] = i
+    end = len(g.ops)
+    for o in g.outputs:
+        last[o] = end
+    inputs = set(g.inputs)
+    out = []
+    for i, op in enumerate(g.ops):
+        for t in op.outputs:
+            if t in inputs or t in aliased or g.tensors[t].role == "input":
+                continue
+            out.append((t, i, max(last.get(t, i), i)))  # never read: freed right after
+    return out
+
+
 def liveness_peak(
     g: Graph,
     nbytes: Callable[[str], int],
@@ -45,44 +84,19 @@ def liveness_peak(
     for t in g.inputs:
         c = _category(g.tensors[t].path)
         resident[c] = resident.get(c, 0) + nbytes(t)
-    free_slots: dict[tuple, int] = {}
-    for t in donated:
-        tt = g.tensors[t]
-        key = (tt.shape, tt.dtype)
-        free_slots[key] = free_slots.get(key, 0) + 1
-    aliased: set[str] = set()
-    for o in g.outputs:
-        tt = g.tensors[o]
-        key = (tt.shape, tt.dtype)
-        if tt.role != "input" and free_slots.get(key, 0) > 0:
-            free_slots[key] -= 1
-            aliased.add(o)
-    last: dict[str, int] = {}
-    for i, op in enumerate(g.ops):
-        for t in op.inputs:
-            last[t] = i
-    end = len(g.ops)
-    for o in g.outputs:
-        last[o] = end
-    inputs = set(g.inputs)
-    live = 0
-    peak, peak_op = 0, None
-    dying: dict[int, int] = {}
-    born: dict[int, int] = {}
-    for first, last_i, b in copies:
-        born[first] = born.get(first, 0) + b
-        dying[last_i] = dying.get(last_i, 0) + b
-    for i, op in enumerate(g.ops):
-        live += born.pop(i, 0)
-        for t in op.outputs:
-            if t in inputs or t in aliased or g.tensors[t].role == "input":
-                continue
-            b = nbytes(t)
-            live += b
-            at = last.get(t, i)  # never read: freed right after
-            dying[at] = dying.get(at, 0) + b
+    n = len(g.ops)
+    delta = [0] * (n + 2)
+    for t, first, last in lifetimes(g, donated):
+        b = nbytes(t)
+        delta[first] += b
+        delta[last + 1] -= b
+    for first, last, b in copies:
+        delta[first] += b
+        delta[last + 1] -= b
+    live, peak, peak_op = 0, 0, None
+    for i in range(n):
+        live += delta[i]
         if live > peak:
-            peak, peak_op = live, op.name
-        live -= dying.pop(i, 0)
+            peak, peak_op = live, g.ops[i].name
     total = sum(resident.values())
     return MemoryUse(total + peak, {**resident, "activations": peak}, peak_op)

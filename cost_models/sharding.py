@@ -397,7 +397,7 @@ def op_cost(
     """Prices ``op`` when its groups are split over ``assign`` and its tensors live in
     ``layouts``: resharding of inputs, the local roofline, completing partial outputs.
 
-    ``resharded`` collects ``(tensor, layout)`` of the copies made so far: XLA keeps one copy of
+    ``resharded`` collects ``(tensor, layout, trips)`` of the copies made so far: XLA keeps one copy of
     a tensor per layout (common subexpressions merge, so FSDP's weights are gathered once for
     the forward, the backward and any recomputation). Tensors in ``free`` (splats, iotas) are
     re-made in any layout at no cost.
@@ -408,7 +408,7 @@ def op_cost(
         if wanted[t] == layouts[t] or (free is not None and t in free):
             continue
         if resharded is not None:
-            key = (t, wanted[t])
+            key = (t, wanted[t], op.trip_count)
             if key in resharded:
                 continue
             resharded.add(key)
@@ -433,3 +433,71 @@ def op_cost(
         if a
     }
     return OpCost(op, strategy, wanted, produced, partial, flops, nbytes, compute, comms)
+
+
+# --- where two tensors must agree: loop boundaries, donated state -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """Tensor ``dst`` holds what ``src`` holds (a loop's carry, input or output; a branch's
+    result; new state in a donated buffer), so it is laid out alike or resharded into it.
+    ``shift`` is +1 when ``dst`` has an extra leading (stacked) axis, -1 when ``src`` has."""
+
+    src: str
+    dst: str
+    shift: int
+    trips: int  # how many times a step the hand-over happens
+    owner: str  # the op it is charged to
+    # "enter" (loop input) | "exit" (loop result) | "carry" | "branch" | "alias"
+    kind: str = "enter"
+
+
+def boundaries(g: Graph, aliased: dict[str, str] | None = None) -> list[Boundary]:
+    """Every hand-over of the step: loop inputs and outputs, carries (each iteration), cond
+    branches, and ``aliased`` outputs (output -> donated input)."""
+    out: list[Boundary] = []
+    for op in g.ops:
+        p = op.primitive
+        if p not in LOOP_OPS:
+            continue
+        body_trips = op.trip_count * (op.param("length", 1) if p == "scan" else 1)
+        for o, b in op.param("body_inputs", ()):
+            shift = len(g.tensors[b].shape) - len(g.tensors[o].shape)
+            out.append(Boundary(o, b, shift, op.trip_count, op.name, "enter"))
+        for bo, bi in op.param("carries", ()):
+            out.append(Boundary(bo, bi, 0, body_trips, op.name, "carry"))
+        results = op.param("body_outputs", ())
+        n = len(op.outputs)
+        branches = op.param("branches", 1) if p == "cond" else 1
+        for i in range(branches):
+            for o, r in zip(op.outputs, results[i * n : (i + 1) * n], strict=True):
+                shift = len(g.tensors[o].shape) - len(g.tensors[r].shape)
+                kind = "exit" if i == 0 else "branch"
+                out.append(Boundary(r, o, shift, op.trip_count, op.name, kind))
+    producer = {t: op.name for op in g.ops for t in op.outputs}
+    for o, i in (aliased or {}).items():
+        out.append(Boundary(o, i, 0, 1, producer.get(o, o), "alias"))
+    return out
+
+
+def map_layout(layout: Layout, shift: int) -> Layout | None:
+    """``layout`` seen from the other side of a boundary; ``None`` where the stacked axis is
+    split (a loop slices it whole)."""
+    if shift > 0:
+        return ((),) * shift + tuple(layout)
+    if shift < 0:
+        if any(layout[:-shift]):
+            return None
+        return tuple(layout[-shift:])
+    return tuple(layout)
+
+
+def boundary_comms(m: Machine, g: Graph, b: Boundary, src: Layout, dst: Layout) -> list[Comm]:
+    """The resharding a hand-over needs when ``src`` and ``dst`` are laid out differently."""
+    mapped = map_layout(src, b.shift)
+    if mapped == tuple(dst):
+        return []
+    if b.shift >= 0:  # compare on dst (a stacked output, a carry, donated state)
+        return reshard(m, g.tensors[b.dst], mapped or replicated(len(dst)), tuple(dst))
+    return reshard(m, g.tensors[b.src], tuple(src), map_layout(dst, -b.shift))

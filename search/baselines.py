@@ -108,3 +108,31 @@ def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, 
         if all(g.dims[d] % math.prod(mesh[a] for a in axes) == 0 for d, axes in rules):
             out[name] = (mesh, rules)
     return out
+
+
+def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """The standard layouts as rules on any mesh: DP and FSDP over every axis, Megatron over
+    every axis, and (with two or more axes) 2-D and Megatron+FSDP with the last axis as the
+    model axis and the others as data. Rules the dims do not divide are left out."""
+    axes = tuple(mesh)
+    batch = batch_dim(g)
+    n = math.prod(mesh.values())
+    tp = tp_dims(g, None, mesh[axes[-1]])
+    fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, n)
+    cands = {
+        "dp": [(batch, axes)],
+        "fsdp": [(batch, axes)] + [(d, axes) for d in fsdp],
+        "megatron": [(d, axes) for d in tp],
+    }
+    if len(axes) > 1:
+        data, model = axes[:-1], axes[-1:]
+        cands["2d"] = [(batch, data)] + [(d, model) for d in tp]
+        cands["megatron_fsdp"] = (
+            [(batch, data)] + [(d, model) for d in tp] + [(d, data) for d in fsdp if d not in tp]
+        )
+    out = {}
+    for name, rules in cands.items():
+        ok = [(d, a) for d, a in rules if g.dims[d] % math.prod(mesh[x] for x in a) == 0]
+        if ok:
+            out[name] = ok
+    return out

@@ -1,0 +1,218 @@
+"""The integer program that picks one strategy per node (the only module that imports
+OR-Tools).
+
+Formulation, for a :class:`~autolayout.search.request.Request` on one mesh:
+
+Variables
+  ``x[n,s]``  bool, node ``n`` runs strategy ``s``.
+  ``z[r,a,b]`` bool, read ``r``'s tensor, laid out ``a``, is copied into layout ``b``
+              (one per pair with a positive resharding cost).
+  ``c[k]``    bool, a resharded copy is alive at a memory row's program point.
+  ``T``       int, the larger of compute and communication time.
+
+Constraints
+  (one-hot)   ``sum_s x[n,s] = 1`` for every node; ``x[n,s] = 0`` for a forbidden
+              strategy (a loop would slice a split stacked axis).
+  (read)      ``z[r,a,b] >= X(src, a) + X(reader, b) - 1`` for every reader of ``r``, where
+              ``X(src, a)`` sums the ``x`` whose strategy lays the tensor out ``a`` and
+              ``X(reader, b)`` those whose strategy reads it as ``b`` — Alpa's linearised edge,
+              with one ``z`` per copy rather than per reader, so readers that want the same
+              layout share one copy (as XLA's CSE does).
+  (memory)    at each memory row's point ``p``: ``sum bytes(n,s) x[n,s] + sum bytes_k c[k]
+              <= limit``, with ``c[k] >= X(before, b) + X(after, b) - 1 - X(src, b)`` for the
+              copy's readers at or before ``p`` and at or after ``p``.
+  (overlap)   ``T >= C`` and ``T >= M``.
+
+Objective
+  minimise ``o * T + (1 - o) * (C + M)``: the step time of
+  :func:`autolayout._evaluate.price` (the full-overlap bound plus ``1 - o`` of the rest), with
+  ``C = sum compute(n,s) x[n,s]`` and ``M = sum comm(n,s) x[n,s] + sum count_r cost(a,b) z[r,a,b]``.
+
+Times and bytes are scaled to integers (CP-SAT is an integer solver); the objective is
+reported back in seconds. Rows are added lazily by the planner: only where a chosen layout
+breaks the limit (the liveness peaks that bind).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from .request import MemoryRow, Request
+
+_STATUS = {
+    cp_model.OPTIMAL: "OPTIMAL",
+    cp_model.FEASIBLE: "FEASIBLE",
+    cp_model.INFEASIBLE: "INFEASIBLE",
+    cp_model.MODEL_INVALID: "MODEL_INVALID",
+    cp_model.UNKNOWN: "UNKNOWN",
+}
+_K = 1000  # overlap weights in thousandths
+
+
+@dataclass
+class Solution:
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN (timed out, nothing found)
+    choice: list[int] | None
+    objective_s: float | None  # the solver's objective, in seconds
+    bound_s: float | None
+    wall_s: float
+    variables: int
+    constraints: int
+
+
+def workers() -> int:
+    """CP-SAT search workers: the machine's cores (at least 1, at most 8)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def solve(
+    req: Request,
+    *,
+    candidates: Sequence[Sequence[int]] | None = None,
+    rows: Sequence[MemoryRow] = (),
+    limit_bytes: int | None = None,
+    time_limit_s: float = 60.0,
+    hint: Sequence[int] | None = None,
+    objective: str = "time",
+) -> Solution:
+    """Solves the request over ``candidates`` (per node, the strategies it may take; all
+    allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row."""
+    t0 = time.perf_counter()
+    model = cp_model.CpModel()
+    nodes = req.nodes
+    cand = [list(c) for c in candidates] if candidates is not None else None
+    if cand is None:
+        cand = [req.allowed(n) for n in range(len(nodes))]
+    cset = [set(c) for c in cand]
+    costs = [[req.node_cost(n, s) for s in cand[n]] for n in range(len(nodes))]
+    pairs = []  # (read, a, b, seconds a step, src strategies, [(reader, strategies)])
+    for r in req.reads:
+        src: dict[int, list[int]] = {}
+        for s in cand[r.src]:
+            src.setdefault(r.src_map[s], []).append(s)
+        want: list[tuple[int, dict[int, list[int]]]] = []
+        for n, mp in r.readers:
+            bl: dict[int, list[int]] = {}
+            for s in cand[n]:
+                bl.setdefault(mp[s], []).append(s)
+            want.append((n, bl))
+        targets = {b for _, bl in want for b in bl}
+        for a, sa in src.items():
+            for b in targets:
+                v = req.read_cost(r, a, b) * r.count
+                if v > 0:
+                    pairs.append((r, a, b, v, sa, [(n, bl[b]) for n, bl in want if b in bl]))
+    # one scale for every time: the costliest choice fits in ~1e9 units
+    hi = sum(max(c + m for c, m in cs) for cs in costs) + sum(p[3] for p in pairs)
+    unit = hi / 1e9 if hi > 0 else 1.0
+
+    def q(seconds: float) -> int:
+        return round(seconds / unit)
+
+    x: list[dict[int, Any]] = []
+    for k in range(len(nodes)):
+        if not cand[k]:
+            raise ValueError(f"node {nodes[k].members[0]} has no allowed strategy")
+        if len(cand[k]) == 1:
+            x.append({cand[k][0]: 1})
+            continue
+        row = {s: model.new_bool_var(f"x{k}_{s}") for s in cand[k]}
+        model.add_exactly_one(list(row.values()))
+        x.append(row)
+
+    def X(n: int, strategies) -> Any:  # noqa: N802 - the formulation's name
+        terms = [x[n][s] for s in strategies if s in cset[n]]
+        return sum(terms) if terms else 0
+
+    comp_terms, comm_terms = [], []
+    for k in range(len(nodes)):
+        for s, (c, m) in zip(cand[k], costs[k], strict=True):
+            v = x[k][s]
+            if q(c):
+                comp_terms.append((v, q(c)))
+            if q(m):
+                comm_terms.append((v, q(m)))
+    for i, (_r, a, b, v, sa, wants) in enumerate(pairs):
+        w = q(v)
+        if not w:
+            continue
+        z = model.new_bool_var(f"z{i}_{a}_{b}")
+        ya = X(_r.src, sa)
+        for n, ss in wants:
+            model.add(z >= ya + X(n, ss) - 1)
+        comm_terms.append((z, w))
+
+    def linear(terms):
+        return sum(c * v for v, c in terms) if terms else 0
+
+    C, M = linear(comp_terms), linear(comm_terms)  # noqa: N806
+    bound = sum(c for _, c in comp_terms) + sum(c for _, c in comm_terms) + 1
+    T = model.new_int_var(0, bound, "T")  # noqa: N806
+    model.add(T >= C)
+    model.add(T >= M)
+    o = round(req.overlap * _K)
+
+    peak = None
+    if objective == "memory":
+        peak = model.new_int_var(0, 1 << 50, "peak")
+    for j, row in enumerate(rows):
+        terms = []
+        for n, vec in row.terms.items():
+            for s, v in x[n].items():
+                if vec[s]:
+                    terms.append((v, vec[s]))
+        for k, (nbytes, src, same, before, after) in enumerate(row.copies):
+            c = model.new_bool_var(f"c{j}_{k}")
+            ys = X(src, same)
+            for n1, s1 in before:
+                for n2, s2 in after:
+                    a1, a2 = X(n1, s1), X(n2, s2)
+                    if not (isinstance(a1, int) and a1 == 0) and not (
+                        isinstance(a2, int) and a2 == 0
+                    ):
+                        model.add(c >= a1 + a2 - 1 - ys)
+            terms.append((c, nbytes))
+        total = linear(terms)
+        if objective == "memory":
+            model.add(peak >= total)
+        elif limit_bytes is not None:
+            model.add(total <= int(limit_bytes))
+    if objective == "memory":
+        model.minimize(peak)
+    else:
+        model.minimize(o * T + (_K - o) * (C + M))
+    if hint is not None:
+        for k, s in enumerate(hint):
+            for s2, v in x[k].items():
+                if not isinstance(v, int):
+                    model.add_hint(v, s2 == s)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit_s))
+    solver.parameters.num_workers = workers()
+    code = solver.solve(model)
+    status = _STATUS.get(code, "UNKNOWN")
+    proto = model.proto
+    nvars, ncons = len(proto.variables), len(proto.constraints)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return Solution(status, None, None, None, time.perf_counter() - t0, nvars, ncons)
+    choice = [
+        next(s for s, v in row.items() if (v == 1 if isinstance(v, int) else solver.value(v)))
+        for row in x
+    ]
+    scale = unit / _K if objective != "memory" else 1.0
+    return Solution(
+        status,
+        choice,
+        solver.objective_value * scale,
+        solver.best_objective_bound * scale,
+        time.perf_counter() - t0,
+        nvars,
+        ncons,
+    )

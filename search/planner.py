@@ -1,0 +1,575 @@
+"""``al.plan``: the layout and mesh shape with the least predicted step time that fits.
+
+Per mesh shape (:mod:`.meshes`):
+
+1. **Seeds.** Mesh-TF rule sets (dim -> mesh axes) priced from the request: no rules, the
+   hand layouts that fit the shape (DP, FSDP, Megatron, 2-D, Megatron+FSDP), and a greedy
+   descent that adds or removes one (dim, mesh axis) at a time while the step time falls (a
+   layout that does not fit in memory counts as slower than any that does).
+2. **ILP** (:mod:`.ilp`). Where the whole formulation is small (``full_limit`` strategy
+   pairs) one CP-SAT model over every strategy of every node, exact: ``OPTIMAL`` means no
+   layout in the search space is faster. Elsewhere a neighbourhood search: CP-SAT over, per
+   node, the incumbent's strategy, every strategy that moves one mesh axis to another group,
+   and the seeds' strategies; repeated while it improves. The result is then ``FEASIBLE``.
+3. **Memory rows** are added where a solution breaks the limit (at its liveness peak) and
+   the model solved again, until the solution fits or the model is infeasible.
+
+Shapes are refined best seed first; a shape whose best seed is more than ``prune`` times the
+best refined step time is recorded with its seed and not refined. Every shape tried is kept
+in ``plan.solver["mesh_shapes_tried"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autolayout._errors import RuleError
+from autolayout._evaluate import (
+    RuleSet,
+    check_mesh,
+    donated_inputs,
+    plan_from_costs,
+    price,
+)
+from autolayout._hardware import Hardware, hardware
+from autolayout._ir import Graph
+from autolayout._plan import Plan
+from autolayout._workload import Workload
+
+from . import ilp
+from .baselines import batch_dim, layouts_on
+from .meshes import mesh_shapes
+from .request import Request, Structure, analyse, build, memory_peak, memory_row
+
+FULL_LIMIT = 4000  # strategy pairs up to which the whole formulation goes to the solver
+MAX_ROUNDS = 6  # neighbourhood rounds per shape
+MAX_ROWS = 12  # memory rows added per solve
+GREEDY_STEPS = 6  # rule toggles the greedy descent takes at most
+GREEDY_DIMS = 8  # the dims (most input bytes first) it toggles
+ROUND_S = 2.0  # CP-SAT time per neighbourhood round at most
+FULL_S = 10.0  # CP-SAT time for a whole (small) formulation at most
+REFINE = 3  # shapes refined by the ILP (best seeds first)
+
+
+@dataclass
+class Candidate:
+    """One layout on one mesh shape: a strategy per node and what it costs."""
+
+    choice: list[int]
+    step_time_s: float
+    memory_bytes: int
+    source: str  # "rules:..." | "ilp" | hand layout name
+
+    def fits(self, limit: int) -> bool:
+        return self.memory_bytes <= limit
+
+
+@dataclass
+class ShapeResult:
+    mesh: dict[str, int]
+    best: Candidate | None
+    status: str  # OPTIMAL | FEASIBLE | TIMEOUT | INFEASIBLE | SKIPPED
+    wall_s: float
+    variables: int = 0
+    constraints: int = 0
+    seeds: dict[str, float] = field(default_factory=dict)
+    least_memory: int | None = None
+    request: Request | None = None
+    note: str = ""
+
+
+# --- rule sets as choices ---------------------------------------------------------------------
+
+
+def choice_of_rules(req: Request, rs: RuleSet) -> list[int]:
+    """The request's strategy per node closest to what ``rs`` does (``al.evaluate``)."""
+    st, g = req.structure, req.graph
+    choice = []
+    for n, node in enumerate(req.nodes):
+        first = node.members[0]
+        if node.kind == "input":
+            lay = rs.layout(g.tensors[first])
+            idx = node.by_assign.get(lay, [0])
+        else:
+            op = st.ops[first]
+            assign = tuple(rs.assign(g, st.groups[first]))
+            idx = node.by_assign.get(assign, [])
+            want = tuple(req.layout_id(rs.layout(g.tensors[t])) for t in op.outputs)
+            idx = sorted(idx, key=lambda s: node.strategies[s].outs != want)
+        idx = [s for s in idx if s not in node.forbidden] or req.allowed(n)
+        choice.append(idx[0])
+    return choice
+
+
+def _score(c: Candidate, limit: int) -> tuple[int, float]:
+    """Fitting layouts first, then by step time (a layout that does not fit: by memory)."""
+    return (0, c.step_time_s) if c.fits(limit) else (1, float(c.memory_bytes))
+
+
+def _candidate(req: Request, choice: list[int], source: str) -> Candidate:
+    mem, _ = memory_peak(req, choice)
+    return Candidate(list(choice), req.objective(choice), mem, source)
+
+
+def _better(req: Request, choice: list[int], than: Candidate | None, limit: int, source: str):
+    """``choice`` as a candidate if it beats ``than`` (memory walked only when it might)."""
+    if than is None:
+        return _candidate(req, choice, source)
+    t = req.objective(choice)
+    if than.fits(limit) and t >= than.step_time_s:
+        return None
+    c = _candidate(req, choice, source)
+    return c if _score(c, limit) < _score(than, limit) else None
+
+
+def _rule_dims(g: Graph) -> list[str]:
+    """Dims the seeds may split: those the inputs carry, largest first."""
+    by: dict[str, int] = {}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d, s in zip(tt.dims, tt.shape, strict=True):
+            if d is not None and s > 1:
+                by[d] = by.get(d, 0) + tt.nbytes
+    return sorted(by, key=lambda d: -by[d])
+
+
+def seeds(
+    req: Request, limit: int, deadline: float, *, greedy: bool = True, start=None
+) -> dict[str, Candidate]:
+    """Rule-set layouts on this mesh: none, the hand layouts mapped onto it, and (``greedy``)
+    a descent from the best of them that toggles one (dim, mesh axis) at a time."""
+    g, mesh = req.graph, req.machine.mesh
+    out: dict[str, Candidate] = {}
+
+    def rules_choice(rules) -> list[int] | None:
+        try:
+            rs = RuleSet(g, mesh, rules)
+        except RuleError:
+            return None
+        return choice_of_rules(req, rs)
+
+    hand: dict[str, list] = {"replicated": []}
+    try:
+        hand.update(layouts_on(g, mesh))
+    except RuleError:
+        pass
+    for name, rules in hand.items():
+        choice = rules_choice(rules)
+        if choice is not None:
+            out[name] = _candidate(req, choice, name)
+            out[name].rules = dict(rules)  # type: ignore[attr-defined]
+    if not greedy or not out:
+        return out
+    names = list(mesh)
+    dims = _rule_dims(g)[:GREEDY_DIMS]
+    best = min(out.values(), key=lambda c: _score(c, limit))
+    rules: dict[str, tuple[str, ...]] = dict(best.rules)  # type: ignore[attr-defined]
+    moved = False
+    for _ in range(GREEDY_STEPS):
+        if time.perf_counter() > deadline:
+            break
+        trial_best = None
+        for a in names:
+            for d in dims:
+                cur = rules.get(d, ())
+                new = (
+                    tuple(x for x in cur if x != a)
+                    if a in cur
+                    else tuple(x for x in names if x in cur or x == a)
+                )
+                trial = dict(rules)
+                if new:
+                    trial[d] = new
+                else:
+                    trial.pop(d, None)
+                choice = rules_choice(list(trial.items()))
+                if choice is None:
+                    continue
+                bar = trial_best[1] if trial_best is not None else best
+                c = _better(req, choice, bar, limit, "rules")
+                if c is not None:
+                    trial_best = (trial, c)
+        if trial_best is None:
+            break
+        (rules, best), moved = trial_best, True
+    if moved:
+        best.source = "rules:" + ",".join(f"{d}={'x'.join(x)}" for d, x in rules.items())
+        out["greedy"] = best
+    return out
+
+
+# --- the ILP with memory rows -------------------------------------------------------------
+
+
+def _solve_fitting(
+    req: Request,
+    limit: int,
+    candidates,
+    hint: list[int],
+    time_limit_s: float,
+    rows: list,
+) -> tuple[ilp.Solution, Candidate | None]:
+    """Solves, adding a memory row at the peak of each solution that does not fit."""
+    sol = None
+    for _ in range(MAX_ROWS):
+        sol = ilp.solve(
+            req,
+            candidates=candidates,
+            rows=rows,
+            limit_bytes=limit,
+            time_limit_s=time_limit_s,
+            hint=hint,
+        )
+        if sol.choice is None:
+            return sol, None
+        mem, at = memory_peak(req, sol.choice)
+        cand = Candidate(sol.choice, req.objective(sol.choice), mem, "ilp")
+        if mem <= limit:
+            return sol, cand
+        if any(r.point == at for r in rows):  # the row holds, the walk disagrees: stop
+            return sol, None
+        rows.append(memory_row(req, at))
+    return sol, None
+
+
+def _neighbours(req: Request, n: int, s: int) -> set[int]:
+    """Strategies of node ``n`` that move one mesh axis of strategy ``s`` elsewhere."""
+    node = req.nodes[n]
+    assign = node.strategies[s].assign
+    out = set(node.by_assign.get(assign, [s]))
+    for a in req.machine.mesh:
+        base = [tuple(x for x in axes if x != a) for axes in assign]
+        options = [tuple(base)]
+        for k in range(len(base)):
+            if a not in assign[k]:
+                order = [x for x in req.machine.mesh if x in base[k] or x == a]
+                options.append(tuple(base[:k]) + (tuple(order),) + tuple(base[k + 1 :]))
+        for opt in options:
+            out.update(node.by_assign.get(opt, ()))
+    return {x for x in out if x not in node.forbidden}
+
+
+def refine(
+    req: Request,
+    limit: int,
+    start: Candidate,
+    seeds_: Sequence[Candidate],
+    time_limit_s: float,
+    full_limit: int = FULL_LIMIT,
+) -> tuple[Candidate, str, int, int]:
+    """The ILP from ``start``: the whole model where small, else neighbourhood rounds."""
+    t_end = time.perf_counter() + time_limit_s
+    rows = [memory_row(req, memory_peak(req, start.choice)[1])]
+    best = start
+    if req.size() <= full_limit:
+        sol, cand = _solve_fitting(req, limit, None, best.choice, min(time_limit_s, FULL_S), rows)
+        status = sol.status if sol is not None else "UNKNOWN"
+        if cand is not None and _score(cand, limit) <= _score(best, limit):
+            best = cand
+        if status == "FEASIBLE":
+            status = "TIMEOUT"
+        if status == "UNKNOWN":
+            status = "TIMEOUT" if best.fits(limit) else "INFEASIBLE"
+        return best, status, sol.variables if sol else 0, sol.constraints if sol else 0
+    status, nvars, ncons = "FEASIBLE", 0, 0
+    for _ in range(MAX_ROUNDS):
+        left = t_end - time.perf_counter()
+        if left <= 0.05:
+            status = "TIMEOUT"
+            break
+        cands = []
+        for n in range(len(req.nodes)):
+            c = _neighbours(req, n, best.choice[n])
+            c.update(sd.choice[n] for sd in seeds_ if sd.choice[n] not in req.nodes[n].forbidden)
+            cands.append(sorted(c))
+        sol, cand = _solve_fitting(req, limit, cands, best.choice, min(left, ROUND_S), rows)
+        nvars, ncons = max(nvars, sol.variables), max(ncons, sol.constraints)
+        if cand is None or _score(cand, limit) >= _score(best, limit):
+            if sol.status not in ("OPTIMAL",) and cand is None:
+                status = "TIMEOUT" if sol.status == "UNKNOWN" else status
+            break
+        improved = (best.step_time_s - cand.step_time_s) / max(best.step_time_s, 1e-30)
+        best = cand
+        if improved < 1e-6:
+            break
+    return best, status, nvars, ncons
+
+
+def least_memory(
+    req: Request, start: Candidate, time_limit_s: float = 10.0, candidates=None
+) -> Candidate:
+    """The layout of least peak memory per device in the search space (rows added lazily),
+    from ``start``."""
+    rows = [memory_row(req, memory_peak(req, start.choice)[1])]
+    best = start
+    t_end = time.perf_counter() + time_limit_s
+    for _ in range(MAX_ROWS):
+        left = t_end - time.perf_counter()
+        if left <= 0.05:
+            break
+        sol = ilp.solve(
+            req, candidates=candidates, rows=rows, time_limit_s=left, objective="memory",
+            hint=best.choice,
+        )  # fmt: skip
+        if sol.choice is None:
+            break
+        mem, at = memory_peak(req, sol.choice)
+        if mem < best.memory_bytes:
+            best = Candidate(sol.choice, req.objective(sol.choice), mem, "least-memory")
+        if any(r.point == at for r in rows):
+            break
+        rows.append(memory_row(req, at))
+    return best
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
+    """Generic mesh axes named after what they split: the batch only ``data``, the batch and
+    weights ``fsdp``, weights or activations only ``model``."""
+    batch = None
+    try:
+        batch = batch_dim(g)
+    except RuleError:
+        pass
+    layouts = req.layouts_of(choice)
+    splits: dict[str, set[str]] = {a: set() for a in req.machine.mesh}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d, axes in zip(tt.dims, layouts[t], strict=True):
+            for a in axes:
+                splits[a].add("batch" if d == batch else "param")
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for a in req.machine.mesh:
+        s = splits[a]
+        name = "data" if s == {"batch"} else "fsdp" if s == {"batch", "param"} else "model"
+        if not s:
+            name = "spare"
+        k, base = 2, name
+        while name in used:
+            name, k = f"{base}{k}", k + 1
+        used.add(name)
+        out[a] = name
+    return out
+
+
+def plan(
+    workload: Workload,
+    hw: Hardware | str,
+    *,
+    mesh: Mapping[str, int] | None = None,
+    memory_limit: int | None = None,
+    time_limit_s: float = 60.0,
+    share: bool = True,
+    graph: Graph | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    prune: float = 1.5,
+    full_limit: int = FULL_LIMIT,
+    refine_shapes: int = REFINE,
+) -> Plan:
+    """Searches layouts and mesh shapes for the least predicted step time that fits in
+    memory (``memory_limit`` bytes per device; default the profile's HBM x headroom)."""
+    t0 = time.perf_counter()
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    if graph is None:
+        from autolayout._trace import trace
+
+        graph = trace(workload)
+    t_trace = time.perf_counter() - t0
+    limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
+    donated = donated_inputs(workload, graph)
+    st = analyse(graph, share=share, donated=donated)
+    shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
+    deadline = t0 + time_limit_s
+    results: list[ShapeResult] = []
+    # 1. the hand layouts on every shape
+    for k, shape in enumerate(shapes):
+        ts = time.perf_counter()
+        req = build(st, hw, shape)
+        sd = seeds(req, limit, deadline, greedy=False)
+        best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
+        r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req)
+        r.seeds = {name: c.step_time_s for name, c in sd.items()}
+        results.append(r)
+        if progress:
+            progress({"stage": "seed", "mesh": dict(shape), "done": k + 1, "of": len(shapes)})
+    # 2. greedy rules and the ILP on the shapes with the best seeds
+    order = sorted((r for r in results if r.best is not None), key=lambda r: _score(r.best, limit))
+    best_time = math.inf
+    for k, r in enumerate(order):
+        ts = time.perf_counter()
+        if k >= refine_shapes:
+            r.status, r.note = "SEEDED", f"not among the {refine_shapes} best seeded shapes"
+            continue
+        if r.best.fits(limit) and r.best.step_time_s > prune * best_time:
+            r.status, r.note = "SEEDED", f"best seed {r.best.step_time_s / best_time:.2f}x the best"
+            continue
+        left = deadline - ts
+        if left <= 0.1:
+            r.status, r.note = "SEEDED", "time limit"
+            continue
+        budget = left / (min(len(order), refine_shapes) - k)
+        sd = seeds(r.request, limit, ts + budget / 3)
+        r.seeds.update({name: c.step_time_s for name, c in sd.items()})
+        start = min(sd.values(), key=lambda c: _score(c, limit))
+        budget = deadline - time.perf_counter()
+        budget /= max(1, min(len(order), refine_shapes) - k)
+        best, status, nv, nc = refine(
+            r.request, limit, start, list(sd.values()), budget, full_limit
+        )
+        r.best, r.status, r.variables, r.constraints = best, status, nv, nc
+        r.wall_s += time.perf_counter() - ts
+        if best.fits(limit):
+            best_time = min(best_time, best.step_time_s)
+        if progress:
+            progress({"stage": "solve", "mesh": r.mesh, "done": k + 1,
+                      "of": min(len(order), refine_shapes), "step_time_s": best.step_time_s})  # fmt: skip
+    feasible = [r for r in results if r.best is not None and r.best.fits(limit)]
+    if feasible:
+        win = min(feasible, key=lambda r: r.best.step_time_s)
+        status = win.status if win.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") else "FEASIBLE"
+        if status == "OPTIMAL" and len(results) > 1 and any(r.status == "SEEDED" for r in results):
+            status = "FEASIBLE"  # optimal on its shape; other shapes were not solved
+    else:
+        # nothing fits: report the layout that needs the least memory, and how much
+        win = min((r for r in results if r.best is not None), key=lambda r: r.best.memory_bytes)
+        left = max(5.0, deadline - time.perf_counter())
+        win.best = least_memory(win.request, win.best, time_limit_s=left)
+        win.least_memory = win.best.memory_bytes
+        status = "INFEASIBLE"
+    return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
+
+
+def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace, st: Structure):
+    req = win.request
+    choice = win.best.choice
+    names = _axis_names(g, req, choice)
+    layouts = {t: tuple(tuple(names[a] for a in axes) for axes in lay)
+               for t, lay in req.layouts_of(choice).items()}  # fmt: skip
+    assigns = {op: tuple(tuple(names[a] for a in axes) for axes in asg)
+               for op, asg in req.assigns_of(choice).items()}  # fmt: skip
+    mesh = {names[a]: n for a, n in win.mesh.items()}
+    for t in g.tensors:
+        if t not in layouts:
+            layouts[t] = ((),) * len(g.tensors[t].shape)
+    priced = price(
+        g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]), donated=st.donated
+    )
+    rules, exceptions = derive_rules(g, mesh, layouts)
+    tried = []
+    for r in results:
+        row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},
+               "status": r.status, "wall_s": r.wall_s, "variables": r.variables,
+               "constraints": r.constraints, "seeds": r.seeds, "note": r.note}  # fmt: skip
+        if r.best is not None:
+            row["step_time_s"] = r.best.step_time_s
+            row["memory_bytes_per_device"] = r.best.memory_bytes
+            row["fits"] = r.best.fits(limit)
+        row["chosen"] = r is win
+        tried.append(row)
+    priced["predicted"]["memory_limit_bytes"] = limit
+    priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
+    solver = {
+        "status": status,
+        "wall_s": time.perf_counter() - t0,
+        "trace_s": t_trace,
+        "variables": win.variables,
+        "constraints": win.constraints,
+        "nodes": len(req.nodes),
+        "ops": len(g.ops),
+        "shared": st.share,
+        "objective_s": win.best.step_time_s,
+        "mesh_shapes_tried": tried,
+        "exceptions": [[p, [list(a) for a in lay]] for p, lay in exceptions],
+    }
+    if win.least_memory is not None:
+        solver["least_memory_bytes"] = win.least_memory
+    return plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+
+
+def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
+    """Mesh-TF rules that reproduce the inputs' layouts, and the inputs they do not.
+
+    A dim's rule is the mesh axes most of its bytes (over the inputs) are split on, rules
+    ordered by those bytes; an input whose layout the rules (applied in order, as
+    ``al.evaluate`` does) do not give is an exception ``(path, layout)``.
+    """
+    votes: dict[str, dict[tuple[str, ...], int]] = {}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d, axes in zip(tt.dims, layouts[t], strict=True):
+            if d is not None:
+                v = votes.setdefault(d, {})
+                v[tuple(axes)] = v.get(tuple(axes), 0) + tt.nbytes
+    rules = []
+    for d, v in votes.items():
+        axes = max(v, key=lambda a: (v[a], -len(a)))
+        if axes:
+            rules.append((d, axes))
+    rules.sort(key=lambda r: -sum(votes[r[0]].values()))
+    try:
+        rs = RuleSet(g, mesh, rules)
+    except RuleError:
+        rs = None
+    exceptions = []
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if rs is None or rs.layout(tt) != tuple(layouts[t]):
+            exceptions.append((tt.path or t, tuple(tuple(a) for a in layouts[t])))
+    return rules, exceptions
+
+
+def compare(
+    workload: Workload,
+    hw: Hardware | str,
+    *,
+    time_limit_s: float = 60.0,
+    graph: Graph | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    auto: Plan | None = None,
+):
+    """One row per layout: the planner's and each standard one (``search.baselines``), all
+    priced by the same cost model. Columns: layout, mesh, status, step_time_s, compute_s,
+    comm_s, exposed_comm_share, memory_gib, fits, mfu."""
+    import pandas as pd
+
+    from autolayout._evaluate import evaluate
+
+    from .baselines import standard_layouts
+
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    if graph is None:
+        from autolayout._trace import trace
+
+        graph = trace(workload)
+    if auto is None:
+        auto = plan(workload, hw, time_limit_s=time_limit_s, graph=graph, progress=progress)
+    plans = {"auto": auto}
+    for name, (mesh, rules) in standard_layouts(graph, hw.num_devices).items():
+        plans[name] = evaluate(workload, hw, mesh=mesh, rules=rules, graph=graph)
+    rows = []
+    for name, p in plans.items():
+        s = p.predicted
+        rows.append(
+            {
+                "layout": name,
+                "mesh": " x ".join(f"{k}={v}" for k, v in p.mesh.items()),
+                "status": p.status,
+                "step_time_s": s["step_time_s"],
+                "compute_s": s["compute_s"],
+                "comm_s": s["comm_s"],
+                "exposed_comm_share": s["exposed_comm_s"] / s["step_time_s"]
+                if s["step_time_s"] > 0
+                else 0.0,
+                "memory_gib": s["memory_bytes_per_device"] / 2**30,
+                "fits": bool(s["fits"]),
+                "mfu": s["mfu"],
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,707 @@
+"""The search's request: every decision with its candidate strategies and their costs, every
+read with its resharding costs, and the memory each choice holds — plain data, no solver.
+
+A *node* is one decision. It is an op (a *leader*), or a tensor nothing in the step writes
+(a parameter, the batch, a constant) whose strategies are its layouts. Ops that cannot
+change a layout are merged into the node they follow (Alpa's followers): a same-shape
+elementwise op with one operand that other ops do not read (``tanh(x)``, ``x * 2``, a
+``convert``) writes its result in its operand's layout; a loop's body inputs and outputs
+follow the tensors outside (with the stacked axis added or removed). Their costs are
+added to the node's.
+
+Ops that are structurally identical — same primitive, shapes, dims' positions, FLOPs and trip
+count, and the same around them (three rounds of Weisfeiler–Lehman refinement over the
+graph) — share one node when ``share=True``: the middle layers of a 96-layer stack become
+one decision, the first and last layers (which see the embedding and the loss) their own.
+
+Every cost here is what :func:`autolayout._evaluate.price` charges for the same choice: the
+node's roofline time and the collectives that complete its partial sums, the resharding of
+each tensor for readers that want it in another layout (one copy per tensor, layout and trip
+count), and the hand-overs at loop boundaries and donated state. ``Request.objective``
+prices a choice from this data alone; the tests hold it equal to ``price``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autolayout._dim_rules import ELEMENTWISE
+from autolayout._hardware import Hardware
+from autolayout._ir import Graph, Op
+from autolayout.cost_models.memory import aliased_outputs, lifetimes
+from autolayout.cost_models.sharding import (
+    LOOP_OPS,
+    Group,
+    Layout,
+    Machine,
+    boundaries,
+    boundary_comms,
+    free_tensors,
+    fused_ops,
+    layouts_of,
+    local_bytes,
+    map_layout,
+    op_cost,
+    op_groups,
+    reshard,
+)
+
+_FOLLOWERS = frozenset(ELEMENTWISE) | {"name"}
+WL_ROUNDS = 3
+
+
+# --- the mesh-independent structure of a graph --------------------------------------------------
+
+
+@dataclass
+class Root:
+    """Where a tensor's layout comes from: output ``out`` of node ``node``'s strategy, seen
+    through ``shift`` (+k: k stacked axes added in front; -k: removed)."""
+
+    node: int
+    out: int
+    shift: int = 0
+
+
+@dataclass
+class Structure:
+    """What the request needs of a graph that does not depend on the mesh."""
+
+    graph: Graph
+    groups: dict[str, list[Group]]
+    leaders: list[list[str]]  # node -> member ops, or [tensor] for an input node
+    node_kind: list[str]  # "op" | "input"
+    node_of: dict[str, int]  # leader op / input tensor -> node
+    root: dict[str, Root]  # every tensor
+    followers: dict[int, list[str]]  # node -> follower ops (first member's chain, per member)
+    follower_count: dict[int, int]  # node -> how many members each follower stands for
+    reads: list[tuple[str, list[tuple[str, int, int]]]]  # tensor, [(reader op, position, index)]
+    boundaries: list[Any]
+    free: set[str]
+    fused: set[str]
+    donated: list[str]
+    lifetimes: list[tuple[str, int, int]]
+    index: dict[str, int]
+    share: bool
+    ops: dict[str, Op]
+
+
+def _digest(x: Any) -> bytes:
+    return hashlib.blake2b(repr(x).encode(), digest_size=12).digest()
+
+
+def _is_follower(g: Graph, op: Op, readers: dict[str, list[str]], free: set[str]) -> str | None:
+    """The operand ``op`` follows, if it is a same-shape elementwise op of one real operand
+    that nothing else reads."""
+    if op.primitive not in _FOLLOWERS or len(op.outputs) != 1 or op.opaque:
+        return None
+    real = [t for t in dict.fromkeys(op.inputs) if t not in free and g.tensors[t].size > 1]
+    if len(real) != 1:
+        return None
+    t = real[0]
+    if g.tensors[t].shape != g.tensors[op.outputs[0]].shape:
+        return None
+    if readers.get(t, []) != [op.name]:
+        return None
+    return t
+
+
+def analyse(g: Graph, *, share: bool = True, donated: Sequence[str] = ()) -> Structure:
+    """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent)."""
+    free = free_tensors(g)
+    fused = fused_ops(g)
+    index = {op.name: i for i, op in enumerate(g.ops)}
+    ops = {op.name: op for op in g.ops}
+    readers: dict[str, list[str]] = {}
+    for op in g.ops:
+        for t in dict.fromkeys(op.inputs):
+            readers.setdefault(t, []).append(op.name)
+    producer = {t: op.name for op in g.ops for t in op.outputs}
+    aliased = aliased_outputs(g, donated)
+    bounds = boundaries(g, aliased)
+    follow_shift = {b.dst: b for b in bounds if b.kind in ("enter", "exit")}
+
+    groups: dict[str, list[Group]] = {}
+    follows: dict[str, str] = {}  # follower op -> the tensor it follows
+    for op in g.ops:
+        if op.primitive in LOOP_OPS:
+            continue
+        groups[op.name] = op_groups(g, op)
+        t = _is_follower(g, op, readers, free)
+        if t is not None and all(grp.kind == "pass" for grp in groups[op.name]):
+            follows[op.name] = t
+
+    # Weisfeiler-Lehman colours: ops and source tensors by their structure and neighbourhood
+    colour: dict[str, bytes] = {}
+    sources = [t for t in g.tensors if t not in producer and t not in follow_shift]
+    for t in sources:
+        tt = g.tensors[t]
+        colour["T" + t] = _digest(
+            ("in", tt.shape, tt.dtype, tt.role, (tt.path or "").split("/")[0])
+        )
+    for op in g.ops:
+        if op.primitive in LOOP_OPS:
+            colour[op.name] = _digest(("loop", op.name))
+            continue
+        ts = list(dict.fromkeys(op.outputs + op.inputs))
+        pos = {t: k for k, t in enumerate(ts)}
+        shape = tuple((g.tensors[t].shape, g.tensors[t].dtype, t in free) for t in ts)
+        grp = tuple((x.kind, tuple((pos[t], a) for t, a in x.members)) for x in groups[op.name])
+        colour[op.name] = _digest(
+            (op.primitive, op.params, shape, tuple(pos[t] for t in op.inputs), grp, op.flops,
+             op.trip_count, op.name in fused, op.opaque, op.name in follows)
+        )  # fmt: skip
+    if share:
+        for _ in range(WL_ROUNDS):
+            new = {}
+
+            def src(t: str, colour: dict[str, bytes] = colour) -> bytes:
+                b = follow_shift.get(t)
+                if b is not None:
+                    return src(b.src) + bytes([b.shift & 0xFF])
+                return colour[producer[t]] if t in producer else colour.get("T" + t, b"")
+
+            for op in g.ops:
+                if op.primitive in LOOP_OPS:
+                    new[op.name] = colour[op.name]
+                    continue
+                ins = tuple(src(t) for t in op.inputs)
+                outs = tuple(
+                    tuple(sorted(colour[r] for r in readers.get(t, ()))) for t in op.outputs
+                )
+                new[op.name] = _digest((colour[op.name], ins, outs))
+            for t in sources:
+                outs = tuple(sorted(colour[r] for r in readers.get(t, ())))
+                new["T" + t] = _digest((colour["T" + t], outs))
+            colour = new
+
+    # nodes: leader ops and source tensors, merged by colour when sharing
+    chain: dict[str, list[str]] = {}  # leader/source key -> follower ops, program order
+    root_key: dict[str, str] = {}  # follower op -> its leader key
+
+    def key_of_tensor(t: str) -> str:
+        b = follow_shift.get(t)
+        if b is not None:
+            return key_of_tensor(b.src)
+        p = producer.get(t)
+        if p is None:
+            return "T" + t
+        return root_key.get(p, p)
+
+    for op in g.ops:
+        if op.name in follows:
+            k = key_of_tensor(follows[op.name])
+            root_key[op.name] = k
+            chain.setdefault(k, []).append(op.name)
+    leaders: list[list[str]] = []
+    node_kind: list[str] = []
+    node_of: dict[str, int] = {}
+    by_colour: dict[bytes, int] = {}
+    keys = ["T" + t for t in sources] + [
+        op.name for op in g.ops if op.primitive not in LOOP_OPS and op.name not in follows
+    ]
+    for k in keys:
+        sig = (colour[k], tuple(colour[f] for f in chain.get(k, ())))
+        cid = _digest(sig) if share else k.encode()
+        n = by_colour.get(cid)
+        if n is None:
+            n = by_colour[cid] = len(leaders)
+            leaders.append([])
+            node_kind.append("input" if k.startswith("T") else "op")
+        leaders[n].append(k[1:] if k.startswith("T") else k)
+        node_of[k[1:] if k.startswith("T") else k] = n
+    followers = {}
+    follower_count = {}
+    for n, members in enumerate(leaders):
+        first = members[0] if node_kind[n] == "op" else "T" + members[0]
+        followers[n] = chain.get(first, [])
+        follower_count[n] = len(members)
+
+    root: dict[str, Root] = {}
+
+    def root_of(t: str) -> Root:
+        r = root.get(t)
+        if r is not None:
+            return r
+        b = follow_shift.get(t)
+        if b is not None:
+            s = root_of(b.src)
+            r = Root(s.node, s.out, s.shift + b.shift)
+        else:
+            p = producer.get(t)
+            if p is None:
+                r = Root(node_of[t], 0)
+            elif p in follows:
+                r = root_of(follows[p])
+            else:
+                r = Root(node_of[p], ops[p].outputs.index(t))
+        root[t] = r
+        return r
+
+    for t in g.tensors:
+        if t in producer or t in follow_shift or t in node_of:
+            if t in producer and ops[producer[t]].primitive in LOOP_OPS and t not in follow_shift:
+                continue  # a loop output nothing follows (not read)
+            root_of(t)
+    reads = []
+    for t, rs in readers.items():
+        if t in free:
+            continue
+        lead = [(r, index[r]) for r in rs if r not in follows and ops[r].primitive not in LOOP_OPS]
+        if lead:
+            reads.append((t, [(r, list(ops[r].inputs).index(t), i) for r, i in lead]))
+    return Structure(
+        graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
+        root=root, followers=followers, follower_count=follower_count, reads=reads,
+        boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
+        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated),
+        index=index, share=share, ops=ops,
+    )  # fmt: skip
+
+
+# --- the request on one mesh ------------------------------------------------------------------
+
+
+@dataclass
+class Strategy:
+    assign: tuple[tuple[str, ...], ...]  # mesh axes per op group (an input: per tensor axis)
+    outs: tuple[int, ...]  # layout id of each output
+
+
+@dataclass
+class Node:
+    kind: str  # "op" | "input"
+    members: list[str]
+    strategies: list[Strategy]
+    forbidden: set[int] = field(default_factory=set)
+    wanted: dict[int, list[int]] = field(default_factory=dict)  # input position -> layout ids
+    by_assign: dict[tuple, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Read:
+    """Copies of one tensor (or of identical tensors) in the layouts its readers want; a
+    ``boundary`` read is a hand-over (carry, branch, donated state) to another tensor."""
+
+    tensor: str
+    src: int
+    src_map: list[int]  # layout id per strategy of ``src``
+    readers: list[tuple[int, list[int]]]  # (node, wanted layout id per strategy)
+    count: float  # copies a step: identical tensors x trips
+    boundary: Any = None
+
+
+@dataclass
+class Request:
+    """The decisions of one graph on one mesh; costs are computed when first asked for."""
+
+    structure: Structure
+    machine: Machine
+    layouts: list[Layout]
+    nodes: list[Node]
+    reads: list[Read]
+    overlap: float
+    maps: dict[str, list[int]] = field(default_factory=dict)
+    _ids: dict[Layout, int] = field(default_factory=dict)
+    _node_cost: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    _follower_cost: dict[tuple, float] = field(default_factory=dict)
+    _read_cost: dict[tuple, float] = field(default_factory=dict)
+    _bytes: dict[tuple, int] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> Graph:
+        return self.structure.graph
+
+    def layout_id(self, layout: Layout) -> int:
+        layout = tuple(tuple(a) for a in layout)
+        i = self._ids.get(layout)
+        if i is None:
+            i = self._ids[layout] = len(self.layouts)
+            self.layouts.append(layout)
+        return i
+
+    def local_bytes(self, t: str, layout_id: int) -> int:
+        tt = self.graph.tensors[t]
+        key = (tt.shape, tt.dtype, layout_id)
+        v = self._bytes.get(key)
+        if v is None:
+            v = self._bytes[key] = local_bytes(tt, self.layouts[layout_id], self.machine.mesh)
+        return v
+
+    def allowed(self, n: int) -> list[int]:
+        node = self.nodes[n]
+        return [s for s in range(len(node.strategies)) if s not in node.forbidden]
+
+    # --- costs -------------------------------------------------------------------------
+    def node_cost(self, n: int, s: int) -> tuple[float, float]:
+        """(compute, own communication) seconds a step of node ``n`` under strategy ``s``:
+        every member, with the followers' roofline time."""
+        key = (n, s)
+        v = self._node_cost.get(key)
+        if v is not None:
+            return v
+        st, g, m = self.structure, self.graph, self.machine
+        node = self.nodes[n]
+        count = len(node.members)
+        compute = comm = 0.0
+        if node.kind == "op":
+            op = st.ops[node.members[0]]
+            groups = st.groups[op.name]
+            strat = node.strategies[s]
+            lay = {t: self.layouts[node.wanted[j][s]] for j, t in enumerate(op.inputs)}
+            lay.update((t, self.layouts[i]) for t, i in zip(op.outputs, strat.outs, strict=True))
+            c = op_cost(m, g, op, groups, list(strat.assign), lay, None, st.free, st.fused)
+            compute = c.compute_s * op.trip_count * count
+            comm = c.comm_s * op.trip_count * count
+        for f in st.followers[n]:
+            compute += count * self._follower(n, f, s)
+        v = self._node_cost[key] = (compute, comm)
+        return v
+
+    def _follower(self, n: int, f: str, s: int) -> float:
+        st, g, m = self.structure, self.graph, self.machine
+        op = st.ops[f]
+        t_in = next(t for t in op.inputs if t in st.root and st.root[t].node == n)
+        lid = self.maps[t_in][s]
+        key = (op.primitive, g.tensors[t_in].shape, g.tensors[t_in].dtype, op.flops,
+               op.trip_count, f in st.fused, lid)  # fmt: skip
+        v = self._follower_cost.get(key)
+        if v is None:
+            groups = st.groups[f]
+            lay = {t_in: self.layouts[lid], op.outputs[0]: self.layouts[lid]}
+            assign = list(follower_assign(g, groups, lay))
+            wanted, _, _ = layouts_of(g, op, groups, assign)
+            lay = {**wanted, **lay}
+            c = op_cost(m, g, op, groups, assign, lay, None, st.free, st.fused)
+            v = self._follower_cost[key] = c.compute_s * op.trip_count
+        return v
+
+    def read_cost(self, r: Read, a: int, b: int) -> float:
+        """Seconds of one copy of ``r``'s tensor from layout ``a`` into ``b`` (for a
+        boundary: of handing layout ``a`` over to a tensor laid out ``b``)."""
+        if a == b and r.boundary is None:
+            return 0.0
+        g = self.graph
+        tt = g.tensors[r.tensor]
+        key = (tt.shape, tt.dtype, a, b, r.boundary)
+        v = self._read_cost.get(key)
+        if v is None:
+            if r.boundary is None:
+                comms = reshard(self.machine, tt, self.layouts[a], self.layouts[b])
+            else:
+                la, lb = self.layouts[a], self.layouts[b]
+                comms = boundary_comms(self.machine, g, r.boundary, la, lb)
+            v = self._read_cost[key] = sum(c.time_s for c in comms)
+        return v
+
+    # --- a tensor's layout under a choice (one strategy index per node) -------------------
+    def layouts_of(self, choice: Sequence[int]) -> dict[str, Layout]:
+        root = self.structure.root
+        return {t: self.layouts[m[choice[root[t].node]]] for t, m in self.maps.items()}
+
+    def assigns_of(self, choice: Sequence[int]) -> dict[str, tuple]:
+        """Each op's group assignment (followers: their operand's layout)."""
+        st, g = self.structure, self.graph
+        out = {}
+        for n, node in enumerate(self.nodes):
+            if node.kind == "op":
+                for m in node.members:
+                    out[m] = node.strategies[choice[n]].assign
+        layouts = None
+        for op in g.ops:
+            if op.name in st.groups and op.name not in out:
+                if layouts is None:
+                    layouts = self.layouts_of(choice)
+                out[op.name] = follower_assign(g, st.groups[op.name], layouts)
+        return out
+
+    # --- prices of a choice, from this data alone ------------------------------------------
+    def totals(self, choice: Sequence[int]) -> tuple[float, float]:
+        compute = comm = 0.0
+        for k in range(len(self.nodes)):
+            c, m = self.node_cost(k, choice[k])
+            compute += c
+            comm += m
+        for r in self.reads:
+            src = r.src_map[choice[r.src]]
+            for w in {m[choice[n]] for n, m in r.readers}:
+                comm += r.count * self.read_cost(r, src, w)
+        return compute, comm
+
+    def objective(self, choice: Sequence[int]) -> float:
+        """Predicted step time: full-overlap bound + (1 - overlap) x the rest."""
+        return step_time(*self.totals(choice), self.overlap)
+
+    def lower_bound(self) -> float:
+        """No choice is cheaper: each node at its own best, resharding free (prices every
+        strategy)."""
+        o = self.overlap
+        total = 0.0
+        for n in range(len(self.nodes)):
+            total += min(
+                c + (1.0 - o) * m for c, m in (self.node_cost(n, s) for s in self.allowed(n))
+            )
+        return total
+
+    def size(self) -> int:
+        """Strategy pairs the full formulation would hold (its edge variables)."""
+        total = 0
+        for r in self.reads:
+            a = len(set(r.src_map))
+            b = len({w for _, m in r.readers for w in m})
+            total += a * b
+        return total
+
+
+def step_time(compute: float, comm: float, overlap: float) -> float:
+    best = max(compute, comm)
+    return best + (1.0 - overlap) * (compute + comm - best)
+
+
+def follower_assign(g: Graph, groups: list[Group], layouts: dict[str, Layout]) -> tuple:
+    """The assignment of an op that splits each group as its first laid-out member is."""
+    out = []
+    for grp in groups:
+        t, a = next((t, a) for t, a in grp.members if t in layouts)
+        out.append(layouts[t][a])
+    return tuple(out)
+
+
+def _splits(sizes_of: list[list[int]], kinds: list[bool], mesh: dict[str, int]) -> list[tuple]:
+    """Every way to give each mesh axis to one group (or none), in mesh order, where the
+    group's sizes divide."""
+    out: list[tuple] = []
+    axes = list(mesh.items())
+    k = len(sizes_of)
+
+    def rec(i: int, cur: list[tuple[str, ...]], prod: list[int]) -> None:
+        if i == len(axes):
+            out.append(tuple(cur))
+            return
+        rec(i + 1, cur, prod)
+        a, n = axes[i]
+        for j in range(k):
+            if not kinds[j]:
+                continue
+            p = prod[j] * n
+            if all(s % p == 0 for s in sizes_of[j]):
+                old = cur[j]
+                cur[j], prod[j] = old + (a,), p
+                rec(i + 1, cur, prod)
+                cur[j], prod[j] = old, p // n
+
+    rec(0, [()] * k, [1] * k)
+    return out
+
+
+def input_layouts(shape: tuple[int, ...], mesh: dict[str, int]) -> list[Layout]:
+    """Every layout of a tensor: each mesh axis on one axis it divides, or none."""
+    return _splits([[s] if s > 1 else [1, 0] for s in shape], [s > 1 for s in shape], mesh)
+
+
+def _completions(
+    g: Graph, op: Op, produced: dict[str, Layout], partial: tuple[str, ...], mesh: dict[str, int]
+) -> list[tuple[Layout, ...]]:
+    """Output layouts a strategy can finish in: each partial mesh axis all-reduced, or
+    reduce-scattered onto an output axis it divides (one output only)."""
+    base = tuple(produced[t] for t in op.outputs)
+    if not partial or len(op.outputs) != 1:
+        return [base]
+    t = g.tensors[op.outputs[0]]
+    options = [[None] + [i for i, s in enumerate(t.shape) if s > 1] for _ in partial]
+    out = []
+    for pick in itertools.product(*options):
+        cur = [tuple(x) for x in base[0]]
+        ok = True
+        for a, i in zip(partial, pick, strict=True):
+            if i is None:
+                continue
+            cur[i] = cur[i] + (a,)
+            if t.shape[i] % math.prod(mesh[x] for x in cur[i]):
+                ok = False
+                break
+        if ok:
+            out.append((tuple(cur),))
+    return out
+
+
+def build(st: Structure, hw: Hardware, mesh: dict[str, int]) -> Request:
+    """The request of ``st``'s graph on ``mesh``: strategies and reads (costs on demand)."""
+    g = st.graph
+    req = Request(st, Machine(hw, mesh), [], [], [], hw.efficiency.overlap)
+    lid = req.layout_id
+    for n, members in enumerate(st.leaders):
+        first = members[0]
+        if st.node_kind[n] == "input":
+            t = g.tensors[first]
+            strategies = [Strategy(lay, (lid(lay),)) for lay in input_layouts(t.shape, mesh)]
+            node = Node("input", members, strategies)
+        else:
+            op = st.ops[first]
+            groups = st.groups[first]
+            sizes = [[g.tensors[t].shape[a] for t, a in grp.members] for grp in groups]
+            kinds = [grp.kind != "fixed" for grp in groups]
+            node = Node("op", members, [], wanted={j: [] for j in range(len(op.inputs))})
+            for assign in _splits(sizes, kinds, mesh):
+                wanted, produced, partial = layouts_of(g, op, groups, list(assign))
+                wid = [lid(wanted[t]) for t in op.inputs]
+                for outs in _completions(g, op, produced, partial, mesh):
+                    node.by_assign.setdefault(assign, []).append(len(node.strategies))
+                    node.strategies.append(Strategy(assign, tuple(lid(x) for x in outs)))
+                    for j in range(len(op.inputs)):
+                        node.wanted[j].append(wid[j])
+        if node.kind == "input":
+            node.by_assign = {s.assign: [k] for k, s in enumerate(node.strategies)}
+        req.nodes.append(node)
+
+    # every tensor's layout per strategy of its root; stacked axes a loop slices stay whole
+    shifted: dict[tuple[int, int, int], list[int]] = {}
+    for t, r in st.root.items():
+        key = (r.node, r.out, r.shift)
+        mp = shifted.get(key)
+        if mp is None:
+            mp = []
+            node = req.nodes[r.node]
+            for s, strat in enumerate(node.strategies):
+                lay = map_layout(req.layouts[strat.outs[r.out]], r.shift)
+                if lay is None:
+                    node.forbidden.add(s)
+                    mp.append(strat.outs[r.out])
+                else:
+                    mp.append(lid(lay))
+            shifted[key] = mp
+        req.maps[t] = mp
+
+    # reads: one copy per tensor, wanted layout and trip count; identical ones merged
+    merged: dict[tuple, Read] = {}
+    for t, rs in st.reads:
+        by_trip: dict[int, list[tuple[int, int]]] = {}
+        for r, pos, _ in rs:
+            by_trip.setdefault(st.ops[r].trip_count, []).append((st.node_of[r], pos))
+        r0 = st.root[t]
+        tt = g.tensors[t]
+        for trips, lst in by_trip.items():
+            key = ("read", r0.node, r0.out, r0.shift, tuple(sorted(lst)), trips, tt.shape, tt.dtype)
+            if key in merged:
+                merged[key].count += trips
+                continue
+            readers = [(n, req.nodes[n].wanted[pos]) for n, pos in dict.fromkeys(lst)]
+            merged[key] = Read(t, r0.node, req.maps[t], readers, float(trips))
+    # hand-overs that are decisions of their own: carries, cond branches, donated state
+    for b in st.boundaries:
+        rs, rd = st.root[b.src], st.root[b.dst]
+        key = ("boundary", rs.node, rs.out, rs.shift, rd.node, rd.out, rd.shift, b.shift,
+               b.trips, g.tensors[b.src].shape, g.tensors[b.dst].shape)  # fmt: skip
+        if key in merged:
+            merged[key].count += b.trips
+            continue
+        bb = dataclasses.replace(b, trips=1, owner="")
+        merged[key] = Read(b.src, rs.node, req.maps[b.src], [(rd.node, req.maps[b.dst])],
+                           float(b.trips), bb)  # fmt: skip
+    req.reads = list(merged.values())
+    return req
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryRow:
+    """Bytes per device at one program point: ``terms[node][strategy]`` plus the copies
+    alive there: ``(bytes, src node, src strategies already in that layout, readers before,
+    readers after)``, each reader a ``(node, strategies wanting the layout)``."""
+
+    point: int
+    terms: dict[int, list[int]]
+    copies: list[tuple[int, int, tuple[int, ...], tuple, tuple]]
+
+
+def memory_row(req: Request, point: int) -> MemoryRow:
+    st, g, mesh = req.structure, req.graph, req.machine.mesh
+    terms: dict[int, list[int]] = {}
+    bmemo: dict[tuple, list[int]] = {}
+
+    def add(t: str) -> None:
+        r = st.root[t]
+        mp = req.maps[t]
+        tt = g.tensors[t]
+        key = (tt.shape, tt.dtype, id(mp))
+        vec = bmemo.get(key)
+        if vec is None:
+            vec = bmemo[key] = [local_bytes(tt, req.layouts[i], mesh) for i in mp]
+        row = terms.setdefault(r.node, [0] * len(vec))
+        for s, v in enumerate(vec):
+            row[s] += v
+
+    for t in g.inputs:
+        add(t)
+    for t, a, b in st.lifetimes:
+        if a <= point <= b:
+            add(t)
+    copies = []
+    for t, rs in st.reads:
+        before = [(st.node_of[r], pos) for r, pos, i in rs if i <= point]
+        after = [(st.node_of[r], pos) for r, pos, i in rs if i >= point]
+        if not before or not after:
+            continue
+        r0 = st.root[t]
+        mp = req.maps[t]
+        wants = {w for n, pos in before + after for w in req.nodes[n].wanted[pos]}
+        for w in wants:
+
+            def strat(lst, w=w):
+                return tuple(
+                    (n, tuple(s for s, x in enumerate(req.nodes[n].wanted[pos]) if x == w))
+                    for n, pos in dict.fromkeys(lst)
+                )
+
+            bw, aw = strat(before), strat(after)
+            if not any(s for _, s in bw) or not any(s for _, s in aw):
+                continue
+            same = tuple(s for s, x in enumerate(mp) if x == w)
+            nbytes = local_bytes(g.tensors[t], req.layouts[w], mesh)
+            copies.append((nbytes, r0.node, same, bw, aw))
+    return MemoryRow(point, terms, copies)
+
+
+def memory_peak(req: Request, choice: Sequence[int]) -> tuple[int, int]:
+    """(peak bytes per device, program point of the peak) of a choice — what
+    :func:`autolayout.cost_models.memory.liveness_peak` gives for the same layouts."""
+    st, g = req.structure, req.graph
+    root, maps = st.root, req.maps
+    nbytes = req.local_bytes
+    n = len(g.ops)
+    delta = [0] * (n + 2)
+    for t, a, b in st.lifetimes:
+        v = nbytes(t, maps[t][choice[root[t].node]])
+        delta[a] += v
+        delta[b + 1] -= v
+    for t, rs in st.reads:
+        spans: dict[int, list[int]] = {}
+        src = maps[t][choice[root[t].node]]
+        for r, pos, i in rs:
+            k = st.node_of[r]
+            w = req.nodes[k].wanted[pos][choice[k]]
+            if w != src:
+                sp = spans.get(w)
+                if sp is None:
+                    spans[w] = [i, i]
+                else:
+                    sp[0], sp[1] = min(sp[0], i), max(sp[1], i)
+        for w, (a, b) in spans.items():
+            v = nbytes(t, w)
+            delta[a] += v
+            delta[b + 1] -= v
+    resident = sum(nbytes(t, maps[t][choice[root[t].node]]) for t in g.inputs)
+    live, peak, at = 0, 0, 0
+    for i in range(n):
+        live += delta[i]
+        if live > peak:
+            peak, at = live, i
+    return resident + peak, at

@@ -1,0 +1,269 @@
+"""The search: request == evaluator, ILP == brute force, memory rows, mesh shapes, al.plan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import autolayout as al
+from autolayout._evaluate import donated_inputs, price
+from autolayout.search import ilp
+from autolayout.search import planner as pl
+from autolayout.search import request as rq
+from autolayout.search.meshes import factorisations, mesh_shapes
+
+MODELS = "experiments/models"
+
+
+def priced(g, hw, req, choice, donated=()):
+    """What ``al.evaluate``'s pricing says of a choice of the request."""
+    layouts, assigns = req.layouts_of(choice), req.assigns_of(choice)
+    return price(
+        g, hw, req.machine.mesh, layouts, lambda op, groups: list(assigns[op.name]), donated=donated
+    )["predicted"]
+
+
+# --- random small graphs -------------------------------------------------------------------
+
+B, D = 4, 6  # the batch divides 2 and 4, the features 2 only: few strategies, brute-forceable
+
+
+@st.composite
+def programs(draw):
+    """A jax function of <= 6 ops over named inputs: matmuls, tanh, adds, sums, transposes."""
+    n = draw(st.integers(1, 4))
+    steps = [draw(st.sampled_from(["matmul", "tanh", "add", "sum", "transpose"])) for _ in range(n)]
+    return steps
+
+
+def build_fn(steps):
+    specs = [al.spec((B, D), ("batch", "d_in"))]
+    weights = 0
+    for s in steps:
+        if s == "matmul":
+            weights += 1
+    specs += [al.spec((D, D), (f"d_in{k}", f"d_out{k}")) for k in range(weights)]
+
+    def fn(x, *ws):
+        vals = [x]
+        k = 0
+        for s in steps:
+            v = vals[-1]
+            if s == "matmul" and v.ndim == 2 and v.shape[1] == D:
+                v = v @ ws[k]
+                k += 1
+            elif s == "tanh":
+                v = jnp.tanh(v)
+            elif s == "add" and len(vals) > 1 and vals[-2].shape == v.shape:
+                v = v + vals[-2]
+            elif s == "sum" and v.ndim == 2:
+                v = jnp.sum(v, axis=1, keepdims=True) * v
+            elif s == "transpose" and v.ndim == 2:
+                v = v.T
+            vals.append(v)
+        return jnp.sum(vals[-1])
+
+    return al.Workload(fn, tuple(specs), name="random")
+
+
+@pytest.mark.parametrize("merge", [True, False])
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(steps=programs(), shape=st.sampled_from([(2, 2), (2, 4)]))
+def test_ilp_equals_brute_force(steps, shape, merge):
+    """The ILP's optimum is the cheapest of every strategy combination, each priced by
+    ``al.evaluate``'s pricing (the followers merged or not)."""
+    wl = build_fn(steps)
+    g = al.trace(wl)
+    assume(len(g.ops) <= 6)
+    hw = al.hardware("tpu-v4-8" if shape == (2, 2) else "tpu-v4-16")
+    mesh = {"a": shape[0], "b": shape[1]}
+    structure = rq.analyse(g, share=False)
+    if not merge:
+        structure = _unmerged(g)
+    req = rq.build(structure, hw, mesh)
+    options = [req.allowed(n) for n in range(len(req.nodes))]
+    total = math.prod(len(o) for o in options)
+    assume(total <= 20000)
+    # every combination, by the request's pricing (held equal to the evaluator's below and in
+    # test_request_prices_like_evaluate); the cheapest one re-priced by the evaluator itself
+    arg = min(itertools.product(*options), key=lambda c: req.objective(list(c)))
+    best = priced(g, hw, req, list(arg))["step_time_s"]
+    assert best == pytest.approx(req.objective(list(arg)), rel=1e-9)
+    sol = ilp.solve(req, time_limit_s=20)
+    assert sol.status == "OPTIMAL"
+    got = priced(g, hw, req, sol.choice)["step_time_s"]
+    assert got == pytest.approx(best, rel=1e-6, abs=1e-15)
+    assert sol.objective_s == pytest.approx(got, rel=1e-5)
+
+
+def _unmerged(g):
+    """The structure with every op a decision of its own (no followers)."""
+    orig = rq._is_follower
+    try:
+        rq._is_follower = lambda *a, **k: None
+        return rq.analyse(g, share=False)
+    finally:
+        rq._is_follower = orig
+
+
+# --- the request prices what the evaluator prices -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model,opts", [("mlp", {}), ("gpt", {}), ("gpt", {"scan": True}), ("moe", {}), ("t5", {})]
+)
+def test_request_prices_like_evaluate(model, opts):
+    """For random choices, the request's step time and memory equal ``price``'s."""
+    wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
+    g = al.trace(wl)
+    hw = al.hardware("tpu-v4-16")
+    donated = donated_inputs(wl, g)
+    req = rq.build(rq.analyse(g, share=True, donated=donated), hw, {"a": 2, "b": 4})
+    rnd = random.Random(1)
+    for _ in range(3):
+        choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
+        p = priced(g, hw, req, choice, donated)
+        assert req.objective(choice) == pytest.approx(p["step_time_s"], rel=1e-9)
+        assert rq.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
+
+
+def test_sharing_merges_repeated_layers():
+    g = al.trace(al.load_workload(f"{MODELS}/gpt.py", layers=6))
+    shared = rq.analyse(g, share=True)
+    alone = rq.analyse(g, share=False)
+    assert len(shared.leaders) < 0.5 * len(alone.leaders)
+    # a shared node's members are the same op in different layers
+    big = max(shared.leaders, key=len)
+    prims = {shared.ops[m].primitive for m in big if m in shared.ops}
+    assert len(big) >= 4 and len(prims) <= 1
+
+
+# --- memory rows ----------------------------------------------------------------------------
+
+
+def test_memory_limit_respected_and_optimal():
+    """Under a limit between the least and the unconstrained optimum's memory, the ILP with
+    lazy rows returns the cheapest combination that fits (brute force)."""
+    wl = build_fn(["matmul", "tanh", "matmul"])
+    g = al.trace(wl)
+    hw = al.hardware("tpu-v4-8")
+    req = rq.build(rq.analyse(g, share=False), hw, {"a": 2, "b": 2})
+    options = [req.allowed(n) for n in range(len(req.nodes))]
+    combos = [list(c) for c in itertools.product(*options)]
+    mems = [rq.memory_peak(req, c)[0] for c in combos]
+    free = ilp.solve(req)
+    limit = (min(mems) + rq.memory_peak(req, free.choice)[0]) // 2
+    assert limit < rq.memory_peak(req, free.choice)[0]
+    best = min(req.objective(c) for c, m in zip(combos, mems, strict=True) if m <= limit)
+    sol, cand = pl._solve_fitting(req, limit, None, free.choice, 20, [])
+    assert cand is not None and cand.memory_bytes <= limit
+    assert cand.step_time_s == pytest.approx(best, rel=1e-6)
+
+
+def test_infeasible_memory_reports_least():
+    wl = al.load_workload(f"{MODELS}/mlp.py")
+    p = al.plan(wl, "cpu-8", memory_limit=1000, time_limit_s=20)
+    assert p.status == "INFEASIBLE"
+    need = p.solver["least_memory_bytes"]
+    assert need > 1000
+    assert need <= p.predicted["memory_bytes_per_device"]
+
+
+# --- mesh shapes ----------------------------------------------------------------------------
+
+
+def test_mesh_shapes():
+    assert (12, 256) in factorisations(3072)
+    assert (3072,) in factorisations(3072)
+    shapes = [tuple(m.values()) for m in mesh_shapes(al.hardware("h100-3072"))]
+    assert (12, 256) in shapes and (3, 4, 256) in shapes
+    # an axis that would split a GPU node unevenly does not tile the cluster
+    assert (3, 1024) in factorisations(3072) and (3, 1024) in shapes
+    v4 = [tuple(m.values()) for m in mesh_shapes(al.hardware("tpu-v4-16"))]
+    assert v4 == sorted(v4, key=lambda s: (len(s), s)) and (8,) in v4 and (2, 2, 2) in v4
+
+
+# --- al.plan --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt_plan():
+    wl = al.load_workload(f"{MODELS}/gpt.py", batch=32)
+    return wl, al.plan(wl, "tpu-v4-16", time_limit_s=30)
+
+
+def test_plan_beats_hand_layouts(gpt_plan):
+    from autolayout.search.baselines import standard_layouts
+
+    wl, p = gpt_plan
+    assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT")
+    g = p.graph
+    for name, (mesh, rules) in standard_layouts(g, 8).items():
+        hand = al.evaluate(wl, "tpu-v4-16", mesh=mesh, rules=rules, graph=g)
+        if hand.predicted["fits"]:
+            assert p.predicted["step_time_s"] <= hand.predicted["step_time_s"] * (1 + 1e-9), name
+
+
+def test_plan_records_its_search(gpt_plan):
+    wl, p = gpt_plan
+    s = p.solver
+    assert s["objective_s"] == pytest.approx(p.predicted["step_time_s"], rel=1e-9)
+    tried = s["mesh_shapes_tried"]
+    assert len(tried) == len(mesh_shapes(al.hardware("tpu-v4-16")))
+    assert sum(r["chosen"] for r in tried) == 1
+    chosen = next(r for r in tried if r["chosen"])
+    assert chosen["step_time_s"] == pytest.approx(p.predicted["step_time_s"], rel=1e-9)
+    assert all("step_time_s" in r for r in tried)
+    assert math.prod(p.mesh.values()) == 8
+
+
+def test_plan_rules_and_exceptions_reproduce_inputs(gpt_plan):
+    """The rules plus the listed exceptions give every input's layout."""
+    from autolayout._evaluate import RuleSet
+
+    wl, p = gpt_plan
+    g = p.graph
+    rs = RuleSet(g, p.mesh, p.rules())
+    exc = {path: tuple(tuple(a) for a in lay) for path, lay in p.solver["exceptions"]}
+    for i in p.inputs:
+        t = g.input_tensor(i["path"])
+        want = exc.get(i["path"], rs.layout(t))
+        assert tuple(i["layout"]) == want, i["path"]
+
+
+def test_plan_json_round_trip(gpt_plan, tmp_path):
+    wl, p = gpt_plan
+    path = tmp_path / "plan.json"
+    p.to_json(path)
+    q = al.Plan.load(path)
+    assert q.mesh == p.mesh and q.rules() == p.rules() and q.status == p.status
+    assert q.solver["mesh_shapes_tried"] == p.solver["mesh_shapes_tried"]
+
+
+def test_fixed_mesh_and_bad_mesh():
+    wl = al.load_workload(f"{MODELS}/mlp.py")
+    p = al.plan(wl, "cpu-8", mesh={"data": 2, "model": 4}, time_limit_s=20)
+    assert list(p.mesh.values()) == [2, 4]
+    assert len(p.solver["mesh_shapes_tried"]) == 1
+    with pytest.raises(al.MeshError, match="has 6 devices but cpu-8 has 8"):
+        al.plan(wl, "cpu-8", mesh={"data": 2, "model": 3})
+
+
+def test_plan_compiles_as_predicted():
+    """The planner's layout, run through XLA on 8 CPU devices, has the predicted collectives."""
+    wl = al.load_workload(f"{MODELS}/mlp.py", batch=64)
+    p = al.plan(wl, "cpu-8", mesh={"a": 2, "b": 4}, time_limit_s=20)
+    v = al.validate(p, wl, jax.devices()[:8])
+    checked = v[v["checked"]]
+    assert len(checked) and checked["ok"].all(), v
