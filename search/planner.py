@@ -391,6 +391,10 @@ def plan(
     # 1. the hand layouts on every shape
     for k, shape in enumerate(shapes):
         ts = time.perf_counter()
+        if ts > deadline and results:
+            r = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note="time limit")
+            results.append(r)
+            continue
         req = build(st, hw, shape)
         sd = seeds(req, limit, deadline, greedy=False)
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None

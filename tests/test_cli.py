@@ -145,3 +145,32 @@ def test_validate_refuses_a_plan_for_another_model(tmp_path):
     r = run("validate", str(MODELS / "gpt.py"), "--plan", str(plan), "--set", "d_ff=128")
     assert r.exit_code == 2
     assert "made for another model or size" in r.output
+
+
+def test_plan_prints_mesh_rules_and_writes_a_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    r = run("plan", str(MODELS / "mlp.py"), "--hw", "cpu-8", "--set", "batch=64",
+            "--time-limit", "15", "--out", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "mesh" in r.output and "rules:" in r.output and "MFU" in r.output
+    assert "costliest ops:" in r.output and "searched 4 mesh shapes" in r.output
+    import autolayout as al
+
+    p = al.Plan.load(out)
+    assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") and p.devices == 8
+
+
+def test_plan_bad_mesh_and_infeasible_memory():
+    r = run("plan", str(MODELS / "mlp.py"), "--hw", "cpu-8", "--mesh", "data=3")
+    assert r.exit_code == 2 and "has 3 devices but cpu-8 has 8" in r.output
+    r = run("plan", str(MODELS / "mlp.py"), "--hw", "cpu-8", "--memory-limit", "0.000001",
+            "--time-limit", "10")  # fmt: skip
+    assert r.exit_code == 1 and "the least memory found needs" in r.output
+
+
+def test_compare_table_has_every_layout():
+    r = run("compare", str(MODELS / "mlp.py"), "--hw", "cpu-8", "--time-limit", "10")
+    assert r.exit_code == 0, r.output
+    names = [ln.split()[0] for ln in r.output.splitlines() if ln.strip()]
+    rows = names[names.index("layout") + 1 :]
+    assert rows[0] == "auto" and {"dp", "fsdp", "megatron"} <= set(rows)
