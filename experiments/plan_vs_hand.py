@@ -31,7 +31,7 @@ MODELS = {
     "mlp": dict(batch=4096, d_in=8192, hidden=32768, d_out=8192, layers=4, dtype="bfloat16"),
     "moe": dict(size="base", layers=2),
     "t5": dict(size="large", layers=2),
-    "unet3d": dict(size="128", batch=8),
+    "unet3d": dict(size="128", batch=8, dtype="bfloat16"),
 }
 HARDWARE = ("tpu-v4-256", "tpu-v5p-128", "tpu-v5e-256", "h100-64", "a100-80gb-256")
 HAND = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp")
