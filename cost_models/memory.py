@@ -75,18 +75,20 @@ def liveness_peak(
     nbytes: Callable[[str], int],
     donated: Sequence[str] = (),
     copies: Sequence[tuple[int, int, int]] = (),
+    lives: Sequence[tuple[str, int, int]] | None = None,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
     ``(first op index, last op index, bytes)`` (a tensor resharded for its readers: FSDP's
-    gathered weights live from the first reader to the last)."""
+    gathered weights live from the first reader to the last). ``lives`` is
+    :func:`lifetimes` when the caller already has it (the search walks one graph often)."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
         resident[c] = resident.get(c, 0) + nbytes(t)
     n = len(g.ops)
     delta = [0] * (n + 2)
-    for t, first, last in lifetimes(g, donated):
+    for t, first, last in lifetimes(g, donated) if lives is None else lives:
         b = nbytes(t)
         delta[first] += b
         delta[last + 1] -= b

@@ -397,9 +397,9 @@ def op_cost(
     """Prices ``op`` when its groups are split over ``assign`` and its tensors live in
     ``layouts``: resharding of inputs, the local roofline, completing partial outputs.
 
-    ``resharded`` collects ``(tensor, layout, trips)`` of the copies made so far: XLA keeps one copy of
-    a tensor per layout (common subexpressions merge, so FSDP's weights are gathered once for
-    the forward, the backward and any recomputation). Tensors in ``free`` (splats, iotas) are
+    ``resharded`` collects ``(tensor, layout, trips)`` of the copies made so far: XLA keeps one
+    copy of a tensor per layout (common subexpressions merge, so FSDP's weights are gathered
+    once for the forward, the backward and any recomputation). Tensors in ``free`` (splats, iotas) are
     re-made in any layout at no cost.
     """
     wanted, produced, partial = layouts_of(g, op, groups, assign)

@@ -205,6 +205,25 @@ def seeds(
 # --- the ILP with memory rows -------------------------------------------------------------
 
 
+def _with_rows(req: Request, rows: list, solve, deadline: float | None = None):
+    """Solves (``solve(rows, seconds)``), then again with a memory row at the peak of each
+    solution, while the rows change: yields ``(solution, peak bytes)`` each round (peak
+    ``None`` when the solver found nothing)."""
+    for _ in range(MAX_ROWS):
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0.05:
+            return
+        sol = solve(rows, left)
+        if sol.choice is None:
+            yield sol, None
+            return
+        mem, at = memory_peak(req, sol.choice)
+        yield sol, mem
+        if any(r.point == at for r in rows):  # a row at this peak is there already: stop
+            return
+        rows.append(memory_row(req, at))
+
+
 def _solve_fitting(
     req: Request,
     limit: int,
@@ -214,25 +233,17 @@ def _solve_fitting(
     rows: list,
 ) -> tuple[ilp.Solution, Candidate | None]:
     """Solves, adding a memory row at the peak of each solution that does not fit."""
+
+    def solve(rows, _left):
+        return ilp.solve(
+            req, candidates=candidates, rows=rows, limit_bytes=limit,
+            time_limit_s=time_limit_s, hint=hint,
+        )  # fmt: skip
+
     sol = None
-    for _ in range(MAX_ROWS):
-        sol = ilp.solve(
-            req,
-            candidates=candidates,
-            rows=rows,
-            limit_bytes=limit,
-            time_limit_s=time_limit_s,
-            hint=hint,
-        )
-        if sol.choice is None:
-            return sol, None
-        mem, at = memory_peak(req, sol.choice)
-        cand = Candidate(sol.choice, req.objective(sol.choice), mem, "ilp")
-        if mem <= limit:
-            return sol, cand
-        if any(r.point == at for r in rows):  # the row holds, the walk disagrees: stop
-            return sol, None
-        rows.append(memory_row(req, at))
+    for sol, mem in _with_rows(req, rows, solve):
+        if mem is not None and mem <= limit:
+            return sol, Candidate(sol.choice, req.objective(sol.choice), mem, "ilp")
     return sol, None
 
 
@@ -289,8 +300,8 @@ def refine(
         sol, cand = _solve_fitting(req, limit, cands, best.choice, min(left, ROUND_S), rows)
         nvars, ncons = max(nvars, sol.variables), max(ncons, sol.constraints)
         if cand is None or _score(cand, limit) >= _score(best, limit):
-            if sol.status not in ("OPTIMAL",) and cand is None:
-                status = "TIMEOUT" if sol.status == "UNKNOWN" else status
+            if cand is None and sol.status == "UNKNOWN":
+                status = "TIMEOUT"
             break
         improved = (best.step_time_s - cand.step_time_s) / max(best.step_time_s, 1e-30)
         best = cand
@@ -299,30 +310,18 @@ def refine(
     return best, status, nvars, ncons
 
 
-def least_memory(
-    req: Request, start: Candidate, time_limit_s: float = 10.0, candidates=None
-) -> Candidate:
+def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> Candidate:
     """The layout of least peak memory per device in the search space (rows added lazily),
     from ``start``."""
     rows = [memory_row(req, memory_peak(req, start.choice)[1])]
     best = start
-    t_end = time.perf_counter() + time_limit_s
-    for _ in range(MAX_ROWS):
-        left = t_end - time.perf_counter()
-        if left <= 0.05:
-            break
-        sol = ilp.solve(
-            req, candidates=candidates, rows=rows, time_limit_s=left, objective="memory",
-            hint=best.choice,
-        )  # fmt: skip
-        if sol.choice is None:
-            break
-        mem, at = memory_peak(req, sol.choice)
-        if mem < best.memory_bytes:
+
+    def solve(rows, left):
+        return ilp.solve(req, rows=rows, time_limit_s=left, objective="memory", hint=best.choice)
+
+    for sol, mem in _with_rows(req, rows, solve, time.perf_counter() + time_limit_s):
+        if mem is not None and mem < best.memory_bytes:
             best = Candidate(sol.choice, req.objective(sol.choice), mem, "least-memory")
-        if any(r.point == at for r in rows):
-            break
-        rows.append(memory_row(req, at))
     return best
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from autolayout._dim_rules import ELEMENTWISE
 from autolayout._hardware import Hardware
 from autolayout._ir import Graph, Op
-from autolayout.cost_models.memory import aliased_outputs, lifetimes
+from autolayout.cost_models.memory import aliased_outputs, lifetimes, liveness_peak
 from autolayout.cost_models.sharding import (
     LOOP_OPS,
     Group,
@@ -80,7 +80,6 @@ class Structure:
     node_of: dict[str, int]  # leader op / input tensor -> node
     root: dict[str, Root]  # every tensor
     followers: dict[int, list[str]]  # node -> follower ops (first member's chain, per member)
-    follower_count: dict[int, int]  # node -> how many members each follower stands for
     reads: list[tuple[str, list[tuple[str, int, int]]]]  # tensor, [(reader op, position, index)]
     boundaries: list[Any]
     free: set[str]
@@ -112,8 +111,11 @@ def _is_follower(g: Graph, op: Op, readers: dict[str, list[str]], free: set[str]
     return t
 
 
-def analyse(g: Graph, *, share: bool = True, donated: Sequence[str] = ()) -> Structure:
-    """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent)."""
+def analyse(
+    g: Graph, *, share: bool = True, donated: Sequence[str] = (), merge: bool = True
+) -> Structure:
+    """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent);
+    ``merge=False`` keeps every op a decision of its own (no followers)."""
     free = free_tensors(g)
     fused = fused_ops(g)
     index = {op.name: i for i, op in enumerate(g.ops)}
@@ -133,7 +135,7 @@ def analyse(g: Graph, *, share: bool = True, donated: Sequence[str] = ()) -> Str
         if op.primitive in LOOP_OPS:
             continue
         groups[op.name] = op_groups(g, op)
-        t = _is_follower(g, op, readers, free)
+        t = _is_follower(g, op, readers, free) if merge else None
         if t is not None and all(grp.kind == "pass" for grp in groups[op.name]):
             follows[op.name] = t
 
@@ -217,11 +219,9 @@ def analyse(g: Graph, *, share: bool = True, donated: Sequence[str] = ()) -> Str
         leaders[n].append(k[1:] if k.startswith("T") else k)
         node_of[k[1:] if k.startswith("T") else k] = n
     followers = {}
-    follower_count = {}
     for n, members in enumerate(leaders):
         first = members[0] if node_kind[n] == "op" else "T" + members[0]
         followers[n] = chain.get(first, [])
-        follower_count[n] = len(members)
 
     root: dict[str, Root] = {}
 
@@ -258,7 +258,7 @@ def analyse(g: Graph, *, share: bool = True, donated: Sequence[str] = ()) -> Str
             reads.append((t, [(r, list(ops[r].inputs).index(t), i) for r, i in lead]))
     return Structure(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
-        root=root, followers=followers, follower_count=follower_count, reads=reads,
+        root=root, followers=followers, reads=reads,
         boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
         free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated),
         index=index, share=share, ops=ops,
@@ -671,17 +671,15 @@ def memory_row(req: Request, point: int) -> MemoryRow:
 
 
 def memory_peak(req: Request, choice: Sequence[int]) -> tuple[int, int]:
-    """(peak bytes per device, program point of the peak) of a choice — what
-    :func:`autolayout.cost_models.memory.liveness_peak` gives for the same layouts."""
+    """(peak bytes per device, program point of the peak) of a choice: the liveness walk of
+    :func:`autolayout.cost_models.memory.liveness_peak` over the request's layouts."""
     st, g = req.structure, req.graph
     root, maps = st.root, req.maps
-    nbytes = req.local_bytes
-    n = len(g.ops)
-    delta = [0] * (n + 2)
-    for t, a, b in st.lifetimes:
-        v = nbytes(t, maps[t][choice[root[t].node]])
-        delta[a] += v
-        delta[b + 1] -= v
+
+    def nbytes(t: str) -> int:
+        return req.local_bytes(t, maps[t][choice[root[t].node]])
+
+    copies = []
     for t, rs in st.reads:
         spans: dict[int, list[int]] = {}
         src = maps[t][choice[root[t].node]]
@@ -694,14 +692,6 @@ def memory_peak(req: Request, choice: Sequence[int]) -> tuple[int, int]:
                     spans[w] = [i, i]
                 else:
                     sp[0], sp[1] = min(sp[0], i), max(sp[1], i)
-        for w, (a, b) in spans.items():
-            v = nbytes(t, w)
-            delta[a] += v
-            delta[b + 1] -= v
-    resident = sum(nbytes(t, maps[t][choice[root[t].node]]) for t in g.inputs)
-    live, peak, at = 0, 0, 0
-    for i in range(n):
-        live += delta[i]
-        if live > peak:
-            peak, at = live, i
-    return resident + peak, at
+        copies += [(a, b, req.local_bytes(t, w)) for w, (a, b) in spans.items()]
+    mem = liveness_peak(g, nbytes, copies=copies, lives=st.lifetimes)
+    return mem.peak_bytes, st.index[mem.peak_op] if mem.peak_op is not None else 0

@@ -88,9 +88,7 @@ def test_ilp_equals_brute_force(steps, shape, merge):
     assume(len(g.ops) <= 6)
     hw = al.hardware("tpu-v4-8" if shape == (2, 2) else "tpu-v4-16")
     mesh = {"a": shape[0], "b": shape[1]}
-    structure = rq.analyse(g, share=False)
-    if not merge:
-        structure = _unmerged(g)
+    structure = rq.analyse(g, share=False, merge=merge)
     req = rq.build(structure, hw, mesh)
     options = [req.allowed(n) for n in range(len(req.nodes))]
     total = math.prod(len(o) for o in options)
@@ -105,16 +103,6 @@ def test_ilp_equals_brute_force(steps, shape, merge):
     got = priced(g, hw, req, sol.choice)["step_time_s"]
     assert got == pytest.approx(best, rel=1e-6, abs=1e-15)
     assert sol.objective_s == pytest.approx(got, rel=1e-5)
-
-
-def _unmerged(g):
-    """The structure with every op a decision of its own (no followers)."""
-    orig = rq._is_follower
-    try:
-        rq._is_follower = lambda *a, **k: None
-        return rq.analyse(g, share=False)
-    finally:
-        rq._is_follower = orig
 
 
 # --- the request prices what the evaluator prices -------------------------------------------
@@ -261,7 +249,8 @@ def test_fixed_mesh_and_bad_mesh():
 
 
 @pytest.mark.xfail(
-    reason="open: XLA compiles one all-gather fewer than the searched MLP plan predicts "
+    reason="open: for some searched MLP plans (which one is found depends on the time limit "
+    "and the machine's load) XLA compiles one all-gather fewer than predicted "
     "(docs/decisions.md)",
     strict=False,
 )
