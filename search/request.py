@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autolayout._dim_rules import ELEMENTWISE
+from autolayout._evaluate import _step_time
 from autolayout._hardware import Hardware
 from autolayout._ir import Graph, Op
 from autolayout.cost_models.memory import aliased_outputs, lifetimes, liveness_peak
@@ -436,7 +437,7 @@ class Request:
 
     def objective(self, choice: Sequence[int]) -> float:
         """Predicted step time: full-overlap bound + (1 - overlap) x the rest."""
-        return step_time(*self.totals(choice), self.overlap)
+        return _step_time(*self.totals(choice), self.overlap)[0]
 
     def lower_bound(self) -> float:
         """No choice is cheaper: each node at its own best, resharding free (prices every
@@ -457,11 +458,6 @@ class Request:
             b = len({w for _, m in r.readers for w in m})
             total += a * b
         return total
-
-
-def step_time(compute: float, comm: float, overlap: float) -> float:
-    best = max(compute, comm)
-    return best + (1.0 - overlap) * (compute + comm - best)
 
 
 def follower_assign(g: Graph, groups: list[Group], layouts: dict[str, Layout]) -> tuple:
