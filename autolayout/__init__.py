@@ -29,6 +29,8 @@ from ._ir import Op as Op
 from ._ir import Tensor as Tensor
 from ._ir import check_graph as check_graph
 from ._plan import Plan as Plan
+from ._report import PlanDiff as PlanDiff
+from ._report import diff as diff
 from ._trace import trace as trace
 from ._workload import Spec as Spec
 from ._workload import Workload as Workload
@@ -54,6 +56,14 @@ def plan(workload, hw, *, mesh=None, memory_limit=None, time_limit_s=60.0, **kw)
     return _plan(
         workload, hw, mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, **kw
     )
+
+
+def compare(workload, hw, *, time_limit_s=60.0, **kw):
+    """One table (pandas): the planner's layout beside DP, FSDP, Megatron, 2-D and
+    Megatron+FSDP, all priced by the same cost model (``auto=`` reuses a plan)."""
+    from .search.planner import compare as _compare
+
+    return _compare(workload, hw, time_limit_s=time_limit_s, **kw)
 
 
 def validate(plan, workload=None, devices=None, **kw):

@@ -298,6 +298,74 @@ def compare_cmd(model, hw_name, sets, time_limit) -> None:
         )
 
 
+@main.command("report")
+@click.argument("plan_path", type=click.Path(dir_okay=False))
+@click.option("--html", "html_out", type=click.Path(dir_okay=False),
+              help="Write one self-contained HTML page (tables and figures) here.")  # fmt: skip
+@click.option("--by", default="layer", show_default=True, help="Group the time by this column.")
+@click.option("--top", default=10, show_default=True, help="Rows of the costliest ops.")
+def report_cmd(plan_path, html_out, by, top) -> None:
+    """Read a plan file: its summary, the costliest ops, time per layer and per collective."""
+    from ._plan import Plan
+    from ._report import collectives_by_kind, summary_rows, top_ops
+
+    plan = Plan.load(plan_path)
+    if by not in plan.report().columns:
+        raise click.BadParameter(f"no column {by!r} in the report", param_hint="--by")
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=max(160, Console().width))
+    t = Table(title=f"plan {plan_path}", show_header=False)
+    for k, v in summary_rows(plan):
+        t.add_row(k, v)
+    con.print(t)
+    con.print(_rich_frame(top_ops(plan, top), f"costliest {top} ops (time per step, s)"))
+    con.print(_rich_frame(plan.report(by=by).head(top), f"time per step by {by}", index=by))
+    con.print(_rich_frame(collectives_by_kind(plan), "collectives per step", index="kind"))
+    if html_out:
+        plan.to_html(html_out)
+        click.echo(f"HTML report written to {html_out}")
+
+
+def _rich_frame(df, title: str, index: str | None = None):
+    from rich.table import Table
+
+    t = Table(title=title)
+    cols = ([index] if index else []) + [str(c) for c in df.columns]
+    for c in cols:
+        t.add_column(
+            c, justify="left" if c in (index, "op", "kind", "layer", "strategy") else "right"
+        )
+    for idx, row in df.iterrows():
+        vals = [str(idx)] if index else []
+        vals += [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
+        t.add_row(*vals)
+    return t
+
+
+@main.command("diff")
+@click.argument("plan_a", type=click.Path(dir_okay=False))
+@click.argument("plan_b", type=click.Path(dir_okay=False))
+@click.option("--top", default=10, show_default=True, help="Rows of ops and inputs shown.")
+def diff_cmd(plan_a, plan_b, top) -> None:
+    """Where two plans of one model split differently, and what each difference costs."""
+    from rich.console import Console
+
+    from ._plan import Plan
+    from ._report import diff
+
+    d = diff(Plan.load(plan_a), Plan.load(plan_b))
+    con = Console(width=max(160, Console().width))
+    click.echo(f"a = {plan_a}\nb = {plan_b}")
+    con.print(_rich_frame(d.summary, "a against b"))
+    con.print(_rich_frame(d.inputs.head(top), f"inputs laid out differently ({len(d.inputs)})"))
+    con.print(
+        _rich_frame(d.ops.head(top), f"ops split differently ({len(d.ops)}), largest change first")
+    )
+    con.print(_rich_frame(d.layers.head(top), "time per step by layer (s)", index="layer"))
+
+
 @main.command("validate")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))

@@ -234,6 +234,12 @@ def price(
         "mfu": model_flops / (used * peak) if used > 0 else 0.0,
         "hfu": flops * hw.num_devices / (used * peak) if used > 0 else 0.0,
         "dtype": main_dtype,
+        # the chip's rooflines (per device), for reports
+        "peak_flops_per_device": peak / hw.num_devices,
+        "hbm_bandwidth_bytes_per_s": hw.chip.hbm_bandwidth,
+        "hbm_bytes_per_device": hw.chip.hbm_bytes,
+        "matmul_efficiency": hw.efficiency.matmul,
+        "memory_efficiency": hw.efficiency.memory,
     }
     return {"costs": costs, "predicted": predicted}
 
@@ -321,8 +327,12 @@ def plan_from_costs(
     status: str,
     solver: dict[str, Any],
 ) -> Plan:
+    from ._report import op_layers
+    from .cost_models.sharding import local_bytes
+
     ops, colls = [], []
     reads: dict[str, dict] = {}
+    layer = op_layers(g)
     for c in priced["costs"]:
         op = c.op
         diff = {t: w for t, w in c.wanted.items() if w != layouts[t]}
@@ -333,6 +343,7 @@ def plan_from_costs(
             {
                 "op": op.name,
                 "kind": op.primitive,
+                "layer": layer.get(op.name, ""),
                 "scope": "/".join(op.scope),
                 "dims": ",".join(
                     dict.fromkeys(
@@ -349,6 +360,7 @@ def plan_from_costs(
                 "compute_s": c.compute_s,
                 "comm_s": c.comm_s,
                 "collective": ",".join(kinds),
+                "memory": sum(local_bytes(g.tensors[t], layouts[t], mesh) for t in op.outputs),
             }
         )
         for x in c.comms:

@@ -69,6 +69,7 @@ class Op:
     scope: tuple[str, ...] = ()  # enclosing calls and loops, e.g. ("scan.3", "remat.7")
     trip_count: int = 1  # how many times the op runs per step
     opaque: bool = False  # no dim rule: kept replicated, listed in Graph.opaque
+    name_stack: str = ""  # the user's jax.named_scope names, transforms left out: "layers.3/mlp"
 
     def param(self, key: str, default: Any = None) -> Any:
         for k, v in self.params:

@@ -80,22 +80,55 @@ class Plan:
             **self.predicted,
         }
 
-    def report(self):
-        """One row per op: what it computes, how it is split, what it costs per device."""
-        import pandas as pd
+    def report(self, by: str | None = None):
+        """One row per op: what it computes, how it is split, what it costs per device.
 
-        cols = [
-            "op", "kind", "scope", "dims", "strategy", "trips", "flops", "bytes",
-            "compute_s", "comm_s", "collective",
-        ]  # fmt: skip
-        return pd.DataFrame(self.ops, columns=cols)
+        Columns: ``op`` (its name), ``kind`` (the primitive), ``layer`` (the ``jax.named_scope``
+        or, without one, the parameters it reads), ``scope``, ``dims``, ``strategy`` (dim:mesh
+        axes), ``trips`` (executions a step), per execution and device ``flops``, ``bytes``
+        (HBM traffic), ``compute_s``, ``comm_s``, then ``time_s`` (compute + comm, all
+        executions of a step), ``collective`` (kinds) and ``memory`` (bytes of its outputs on
+        one device).
+
+        ``by="layer"`` or ``by="kind"`` (or any column) sums per group over a step: ``ops``,
+        ``flops``, ``bytes``, ``compute_s``, ``comm_s``, ``time_s`` and ``share`` of the
+        summed time, costliest first.
+        """
+        from ._report import report_frame
+
+        return report_frame(self, by)
 
     def collectives(self):
-        """One row per collective of one op execution (``count`` executions a step)."""
+        """One row per collective of one op execution (``count`` executions a step);
+        ``time_s`` is one execution's."""
         import pandas as pd
 
         cols = ["op", "kind", "axes", "bytes", "time_s", "count", "tensor", "why"]
         return pd.DataFrame(self.collectives_, columns=cols)
+
+    def figures(self, by: str = "layer") -> dict[str, Any]:
+        """Matplotlib figures (no display needed): ``step_time`` (compute and communication
+        per collective kind, per ``by`` group), ``mesh_shapes`` (each shape tried, the chosen
+        one marked), ``memory`` (per device by category against HBM), ``roofline`` (ops on the
+        chip's roofline)."""
+        from ._report import figures
+
+        return figures(self, by)
+
+    def _repr_html_(self) -> str:
+        from ._report import html_summary
+
+        return html_summary(self)
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """One self-contained HTML page (tables and embedded figures, no network); written to
+        ``path`` when given."""
+        from ._report import html_page
+
+        page = html_page(self)
+        if path is not None:
+            Path(path).write_text(page)
+        return page
 
     def rules(self) -> list[tuple[str, tuple[str, ...]]]:
         """Mesh-TF layout rules, ``[(dim, (mesh axis, ...)), ...]`` (MaxText's format)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ class _Builder:
         self.ops: list[Op] = []
         self.producer: dict[int, str] = {}
         self.scope: list[str] = []
+        self.names: list[str] = []  # the name stacks of the equations being walked, outermost first
         self.trip = 1
         self.loops: list[Loop] = []
         # tensor ids of every equation visited, keyed by its path (equation indices down the
@@ -139,6 +141,7 @@ class _Builder:
             scope=tuple(self.scope),
             trip_count=self.trip,
             opaque=opaque,
+            name_stack="/".join(n for n in self.names if n),
         )
         self.ops.append(op)
         for o in outs:
@@ -164,6 +167,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         prim = eqn.primitive.name
         walker = CALL_RULES.get(prim)
         b.path.append(index)
+        b.names.append(_user_names(eqn))
         if walker is not None:
             outs = walker(b, eqn, ins_)
         else:
@@ -181,9 +185,23 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
             b.emit(number, prim, ins_, outs, params, flops, opaque)
         b.visits[tuple(b.path)] = (ins_, outs)
         b.path.pop()
+        b.names.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
     return [env[v] if not isinstance(v, Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
+
+
+_TRANSFORM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\(")
+
+
+def _user_names(eqn: Any) -> str:
+    """The equation's ``jax.named_scope`` names, without the transforms JAX wraps them in:
+    ``transpose(jvp(layers.3))/mlp`` -> ``layers.3/mlp`` (relative to the enclosing call)."""
+    stack = getattr(getattr(eqn, "source_info", None), "name_stack", None)
+    if stack is None:
+        return ""
+    s = _TRANSFORM.sub("", str(stack)).replace(")", "")
+    return "/".join(x for x in s.split("/") if x)
 
 
 def _reason(prim: str, e: Exception) -> str:

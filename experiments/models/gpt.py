@@ -12,6 +12,7 @@ Options: ``size`` (a preset below), any of its fields to override (``layers``, `
 from __future__ import annotations
 
 import _blocks as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -81,10 +82,12 @@ def workload(
     def loss_fn(params, batch):
         x = params["embed"][batch["tokens"]] + params["pos"][None]
         if scan:
-            x, _ = lax.scan(lambda x, p: (body(x, p), None), x, params["layers"])
+            with jax.named_scope("layers"):
+                x, _ = lax.scan(lambda x, p: (body(x, p), None), x, params["layers"])
         else:
-            for p in params["layers"]:
-                x = body(x, p)
+            for i, p in enumerate(params["layers"]):
+                with jax.named_scope(f"layers.{i}"):
+                    x = body(x, p)
         logits = jnp.einsum("bsd,dv->bsv", nn.rms_norm(x, params["ln_f"]), params["unembed"])
         return nn.cross_entropy(logits, batch["targets"])
 

@@ -38,9 +38,10 @@ def workload(
     def loss_fn(params, data):
         h = data["x"]
         for i in range(layers):
-            h = h @ params[f"w{i}"] + params[f"b{i}"]
-            if i < layers - 1:
-                h = jax.nn.relu(h)
+            with jax.named_scope(f"layers.{i}"):
+                h = h @ params[f"w{i}"] + params[f"b{i}"]
+                if i < layers - 1:
+                    h = jax.nn.relu(h)
         return jnp.mean((h - data["y"]) ** 2)
 
     def make_batch(rng):

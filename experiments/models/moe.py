@@ -97,10 +97,11 @@ def workload(
     def loss_fn(params, batch):
         x = params["embed"][batch["tokens"]]
         aux = 0.0
-        for p in params["layers"]:
-            x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True)
-            y, balance = moe_ffn(nn.rms_norm(x, p["ln2"]), p, capacity)
-            x, aux = x + y, aux + balance
+        for i, p in enumerate(params["layers"]):
+            with jax.named_scope(f"layers.{i}"):
+                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True)
+                y, balance = moe_ffn(nn.rms_norm(x, p["ln2"]), p, capacity)
+                x, aux = x + y, aux + balance
         logits = jnp.einsum("bsd,dv->bsv", nn.rms_norm(x, params["ln_f"]), params["unembed"])
         return nn.cross_entropy(logits, batch["targets"]) + 0.01 * aux / L
 

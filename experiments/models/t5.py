@@ -9,6 +9,7 @@ and across to the encoder's output; embeddings are shared. Sizes follow T5 1.1.
 from __future__ import annotations
 
 import _blocks as nn
+import jax
 import jax.numpy as jnp
 
 import autolayout as al
@@ -54,15 +55,17 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
 
     def loss_fn(params, batch):
         x = params["embed"][batch["inputs"]]
-        for p in params["encoder"]:
-            x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"])
-            x = x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, "relu")
+        for i, p in enumerate(params["encoder"]):
+            with jax.named_scope(f"encoder.{i}"):
+                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"])
+                x = x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, "relu")
         memory = nn.rms_norm(x, params["enc_ln"])
         y = params["embed"][batch["targets_in"]]
-        for p in params["decoder"]:
-            y = y + nn.attention(nn.rms_norm(y, p["ln1"]), p["self"], causal=True)
-            y = y + nn.attention(nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory)
-            y = y + nn.mlp(nn.rms_norm(y, p["ln3"]), p, "relu")
+        for i, p in enumerate(params["decoder"]):
+            with jax.named_scope(f"decoder.{i}"):
+                y = y + nn.attention(nn.rms_norm(y, p["ln1"]), p["self"], causal=True)
+                y = y + nn.attention(nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory)
+                y = y + nn.mlp(nn.rms_norm(y, p["ln3"]), p, "relu")
         logits = jnp.einsum("bsd,vd->bsv", nn.rms_norm(y, params["dec_ln"]), params["embed"])
         return nn.cross_entropy(logits, batch["targets"])
 

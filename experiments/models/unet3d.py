@@ -84,14 +84,16 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
         x = conv(batch["image"], params["stem"])
         skips = []
         for i, p in enumerate(params["enc"]):
-            x = norm_relu(conv(x, p["conv"]), p["scale"])
-            if i < n - 1:
-                skips.append(x)
-                x = conv(x, p["down"], stride=2)
-                x = al.name_dims(x, ("batch", *(f"{s}/{2 ** (i + 1)}" for s in space), None))
-        for p, skip in zip(params["dec"], reversed(skips), strict=True):
-            x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
-            x = norm_relu(conv(x, p["conv"]), p["scale"])
+            with jax.named_scope(f"enc.{i}"):
+                x = norm_relu(conv(x, p["conv"]), p["scale"])
+                if i < n - 1:
+                    skips.append(x)
+                    x = conv(x, p["down"], stride=2)
+                    x = al.name_dims(x, ("batch", *(f"{s}/{2 ** (i + 1)}" for s in space), None))
+        for i, (p, skip) in enumerate(zip(params["dec"], reversed(skips), strict=True)):
+            with jax.named_scope(f"dec.{i}"):
+                x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
+                x = norm_relu(conv(x, p["conv"]), p["scale"])
         logits = conv(x, params["head"])
         return nn.cross_entropy(logits, batch["labels"])
 

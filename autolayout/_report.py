@@ -1,0 +1,586 @@
+"""Reports: a plan as pandas tables, matplotlib figures, a terminal summary and one HTML page.
+
+Everything here reads a :class:`~autolayout.Plan` only (its op rows, collectives, prediction
+and solver record), so a plan loaded from ``plan.json`` reports like a fresh one.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._ir import Graph
+    from ._plan import Plan
+
+OPTIMIZER = "optimizer"
+OTHER = "(other)"  # ops before any parameter is read: no layer
+_NUMBERED = re.compile(r"\d")
+
+
+# --- layers -----------------------------------------------------------------------------------
+
+
+def _layer_key(parts: list[str]) -> str:
+    """``["layers", "3", "wq"]`` -> ``layers.3``; ``["layers.3", "mlp"]`` -> ``layers.3``;
+    no numbered part: the first part. Einsum specs (``bsd,df->bsf``) are not layer names."""
+    parts = [p for p in parts if p and "->" not in p]
+    for i, p in enumerate(parts):
+        if _NUMBERED.search(p):
+            if p.isdigit() and i > 0:
+                return "/".join(parts[: i - 1] + [f"{parts[i - 1]}.{p}"])
+            return "/".join(parts[: i + 1])
+    return parts[0] if parts else ""
+
+
+def op_layers(g: Graph) -> dict[str, str]:
+    """The layer of every op, for grouping a report.
+
+    An op's ``jax.named_scope`` names give it (``layers.3/mlp`` -> ``layers.3``; JAX keeps
+    them through ``grad``, so the backward pass of a layer is that layer). Without one:
+
+    - ``optimizer``: an op reading optimizer state (an input under ``opt_state``) or a value
+      the optimizer made, and an op all of whose readers are the optimizer's (the squared
+      gradient of Adam);
+    - except the ops where gradients enter the optimizer (the embedding's scatter-add): they
+      are the layer of the parameter of their shape, where one parameter has it;
+    - a parameter's layer for an op reading a parameter (``params/layers/3/wq`` ->
+      ``layers.3``);
+    - else the layer of the input computed last; ``(other)`` before any parameter is read.
+    """
+    producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    label: list[str] = []
+    for i, op in enumerate(g.ops):
+        lab = _layer_key(op.name_stack.split("/")) if op.name_stack else ""
+        if not lab:
+            paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
+            roots = [p.split("/", 1)[0] for p in paths]
+            made = [t for t in op.inputs if t in producer]
+            if any("opt" in r for r in roots) or any(label[producer[t]] == OPTIMIZER for t in made):
+                lab = OPTIMIZER
+            elif "params" in roots:
+                lab = _layer_key(paths[roots.index("params")].split("/")[1:])
+            else:
+                made = [t for t in made if label[producer[t]]]
+                if made:
+                    lab = label[producer[max(made, key=lambda t: producer[t])]]
+        label.append(lab)
+        for t in op.inputs:
+            readers.setdefault(t, []).append(i)
+        for t in op.outputs:
+            producer[t] = i
+    # backwards: ops that only feed the optimizer are the optimizer's
+    feeds: set[int] = set()
+    for i in range(len(g.ops) - 1, -1, -1):
+        op = g.ops[i]
+        if op.name_stack or label[i] == OPTIMIZER:
+            continue
+        rs = [r for t in op.outputs for r in readers.get(t, [])]
+        if rs and all(label[r] == OPTIMIZER for r in rs):
+            label[i] = OPTIMIZER
+            feeds.add(i)
+    # where gradients enter: a parameter's layer, by shape
+    by_shape: dict[tuple, list[str]] = {}
+    for t in g.inputs:
+        path = g.tensors[t].path or ""
+        if path.startswith("params/"):
+            key = (g.tensors[t].shape, g.tensors[t].dtype)
+            by_shape.setdefault(key, []).append(_layer_key(path.split("/")[1:]))
+    for i in sorted(feeds):
+        op = g.ops[i]
+        if any(t in producer and label[producer[t]] == OPTIMIZER for t in op.inputs):
+            continue
+        shapes = {(g.tensors[t].shape, g.tensors[t].dtype) for t in op.outputs}
+        real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
+        if real and all(x in {s for s, _ in shapes} for x in real):
+            continue  # elementwise on a gradient (Adam's square): the optimizer's
+        layers = {x for k in shapes for x in by_shape.get(k, [])}
+        label[i] = layers.pop() if len(layers) == 1 else ""
+        if not label[i]:
+            made = [t for t in op.inputs if t in producer and label[producer[t]]]
+            if made:
+                label[i] = label[producer[max(made, key=lambda t: producer[t])]]
+    return {op.name: label[i] or OTHER for i, op in enumerate(g.ops)}
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+COLUMNS = [
+    "op", "kind", "layer", "scope", "dims", "strategy", "trips", "flops", "bytes",
+    "compute_s", "comm_s", "time_s", "collective", "memory",
+]  # fmt: skip
+
+
+def report_frame(plan: Plan, by: str | None = None):
+    """``plan.report(by)``: see :meth:`Plan.report`."""
+    import pandas as pd
+
+    df = pd.DataFrame(plan.ops)
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = "" if c in ("layer", "scope", "collective", "dims", "strategy") else 0
+    df["time_s"] = (df.compute_s + df.comm_s) * df.trips
+    df = df[COLUMNS]
+    if by is None:
+        return df
+    if by not in df.columns:
+        raise KeyError(f"report(by={by!r}): no such column; one of {', '.join(COLUMNS)}")
+    step = df.assign(
+        flops=df.flops * df.trips,
+        bytes=df.bytes * df.trips,
+        compute_s=df.compute_s * df.trips,
+        comm_s=df.comm_s * df.trips,
+    )
+    g = step.groupby(by, sort=False).agg(
+        ops=("op", "size"),
+        flops=("flops", "sum"),
+        bytes=("bytes", "sum"),
+        compute_s=("compute_s", "sum"),
+        comm_s=("comm_s", "sum"),
+        time_s=("time_s", "sum"),
+    )
+    total = g.time_s.sum()
+    g["share"] = g.time_s / total if total > 0 else 0.0
+    return g.sort_values("time_s", ascending=False)
+
+
+def collectives_by_kind(plan: Plan):
+    """Per collective kind over a step: count, bytes and time (all executions)."""
+    import pandas as pd
+
+    df = plan.collectives()
+    if df.empty:
+        return pd.DataFrame(columns=["count", "bytes", "time_s"])
+    df = df.assign(bytes=df.bytes * df["count"], time_s=df.time_s * df["count"])
+    return (
+        df.groupby("kind")
+        .agg(count=("count", "sum"), bytes=("bytes", "sum"), time_s=("time_s", "sum"))
+        .sort_values("time_s", ascending=False)
+    )
+
+
+def top_ops(plan: Plan, n: int = 10):
+    df = report_frame(plan)
+    cols = ["op", "kind", "layer", "strategy", "trips", "compute_s", "comm_s", "time_s"]
+    return df.sort_values("time_s", ascending=False).head(n)[cols + ["collective"]]
+
+
+def summary_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The summary as (label, value) pairs, units written out."""
+    s = plan.predicted
+    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    rows = [
+        ("model", plan.model),
+        ("hardware", f"{plan.hardware} ({plan.devices} devices)"),
+        ("status", plan.status),
+        ("mesh", mesh),
+        ("rules", ", ".join(f"{d}->{'x'.join(a)}" for d, a in plan.rules()) or "(replicated)"),
+        ("step time", _seconds(s.get("step_time_s", math.nan))),
+        ("compute", _seconds(s.get("compute_s", math.nan))),
+        ("communication", _seconds(s.get("comm_s", math.nan))),
+        ("exposed communication", _seconds(s.get("exposed_comm_s", math.nan))),
+        ("MFU", f"{s.get('mfu', math.nan):.1%}"),
+        (
+            "memory per device",
+            f"{_gib(s.get('memory_bytes_per_device', math.nan))} of "
+            f"{_gib(s.get('memory_limit_bytes', math.nan))} allowed"
+            + ("" if s.get("fits", True) else "  (DOES NOT FIT)"),
+        ),
+    ]
+    solver = plan.solver or {}
+    if "wall_s" in solver:
+        tried = len(solver.get("mesh_shapes_tried", []))
+        rows.append(("search", f"{solver['wall_s']:.1f} s, {tried} mesh shapes tried"))
+    return rows
+
+
+def _seconds(x: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    for unit, f in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(x) >= f:
+            return f"{x / f:.4g} {unit}"
+    return f"{x / 1e-9:.4g} ns"
+
+
+def _gib(x: float) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x / 2**30:.3g} GiB"
+
+
+def _time_unit(x: float) -> tuple[str, float]:
+    return ("s", 1.0) if x >= 1 else ("ms", 1e-3) if x >= 1e-3 else ("us", 1e-6)
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+_KIND_COLOURS = {
+    "compute": "#4C72B0",
+    "all-reduce": "#DD8452",
+    "all-gather": "#55A868",
+    "reduce-scatter": "#C44E52",
+    "all-to-all": "#8172B3",
+    "collective-permute": "#937860",
+}
+
+
+def figures(plan: Plan, by: str = "layer") -> dict[str, Any]:
+    """``plan.figures()``: see :meth:`Plan.figures`."""
+    return {
+        "step_time": fig_step_time(plan, by),
+        "mesh_shapes": fig_mesh_shapes(plan),
+        "memory": fig_memory(plan),
+        "roofline": fig_roofline(plan),
+    }
+
+
+def _figure(w: float = 7.0, h: float = 4.0):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def fig_step_time(plan: Plan, by: str = "layer", top: int = 16):
+    """Horizontal stacked bars per group: compute, then communication per collective kind."""
+    df = report_frame(plan)
+    coll = plan.collectives()
+    groups = report_frame(plan, by).head(top)
+    names = list(groups.index)
+    parts: dict[str, list[float]] = {"compute": [], **{k: [] for k in sorted(set(coll.kind))}}
+    key = dict(zip(df.op, df[by], strict=False))
+    per: dict[tuple[str, str], float] = {}
+    for r in coll.itertuples():
+        k = (key.get(r.op, ""), r.kind)
+        per[k] = per.get(k, 0.0) + r.time_s * r.count
+    for n in names:
+        parts["compute"].append(float(groups.loc[n, "compute_s"]))
+        for k in parts:
+            if k != "compute":
+                parts[k].append(per.get((n, k), 0.0))
+    peak = max([sum(v) for v in zip(*parts.values(), strict=True)] or [0.0])
+    unit, f = _time_unit(peak)
+    fig = _figure(7.5, max(3.0, 0.35 * len(names) + 1.5))
+    ax = fig.add_subplot()
+    y = list(range(len(names)))
+    left = [0.0] * len(names)
+    for k, vals in parts.items():
+        if not any(vals):
+            continue
+        v = [x / f for x in vals]
+        ax.barh(y, v, left=left, color=_KIND_COLOURS.get(k, None), label=k)
+        left = [a + b for a, b in zip(left, v, strict=True)]
+    ax.set_yticks(y, [str(n) or "(none)" for n in names])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time per step ({unit}, compute and communication before overlap)")
+    ax.set_ylabel(by)
+    s = plan.predicted
+    ax.set_title(
+        f"{plan.model} on {plan.hardware}: step {_seconds(s.get('step_time_s', math.nan))}, "
+        f"exposed comm {_seconds(s.get('exposed_comm_s', math.nan))}",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def fig_mesh_shapes(plan: Plan):
+    """Predicted step time of every mesh shape tried; the chosen one marked, shapes that do
+    not fit hatched."""
+    tried = (plan.solver or {}).get("mesh_shapes_tried", [])
+    if not tried:  # an evaluated plan: its one mesh
+        tried = [
+            {
+                "mesh": plan.mesh,
+                "step_time_s": plan.predicted.get("step_time_s"),
+                "fits": plan.predicted.get("fits", True),
+                "chosen": True,
+                "status": plan.status,
+            }
+        ]
+    rows = [r for r in tried if r.get("step_time_s") is not None]
+    rows.sort(key=lambda r: r["step_time_s"])
+    unit, f = _time_unit(max([r["step_time_s"] for r in rows] or [1.0]))
+    fig = _figure(7.5, max(3.0, 0.28 * len(rows) + 1.5))
+    ax = fig.add_subplot()
+    for i, r in enumerate(rows):
+        chosen = bool(r.get("chosen"))
+        ax.barh(
+            i,
+            r["step_time_s"] / f,
+            color="#C44E52" if chosen else ("#4C72B0" if r.get("fits", True) else "#BBBBBB"),
+            hatch=None if r.get("fits", True) else "//",
+            edgecolor="black" if chosen else "none",
+        )
+    labels = [
+        " x ".join(str(v) for v in r["mesh"].values())
+        + (" (chosen)" if r.get("chosen") else "")
+        + ("" if r.get("fits", True) else " (no fit)")
+        for r in rows
+    ]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"predicted step time ({unit}, best layout found on the shape)")
+    ax.set_ylabel("mesh shape (axis sizes)")
+    skipped = len(tried) - len(rows)
+    ax.set_title(
+        f"Mesh shapes tried on {plan.hardware}"
+        + (f" ({skipped} skipped, no time left)" if skipped else ""),
+        fontsize=10,
+    )
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def fig_memory(plan: Plan):
+    """Peak memory per device by category (GiB) against the HBM capacity and the limit."""
+    s = plan.predicted
+    cats = dict(s.get("memory_by_category") or {})
+    if not cats:
+        cats = {"total": s.get("memory_bytes_per_device", 0)}
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    bottom = 0.0
+    for k, v in cats.items():
+        ax.bar(0, v / 2**30, bottom=bottom, label=f"{k}: {v / 2**30:.3g} GiB", width=0.5)
+        bottom += v / 2**30
+    limit = s.get("memory_limit_bytes")
+    hbm = s.get("hbm_bytes_per_device")
+    if hbm:
+        ax.axhline(hbm / 2**30, color="black", lw=1.5, label=f"HBM {hbm / 2**30:.3g} GiB")
+    if limit:
+        ax.axhline(limit / 2**30, color="#C44E52", ls="--", lw=1.5,
+                   label=f"limit {limit / 2**30:.3g} GiB")  # fmt: skip
+    ax.set_xticks([0], [f"{plan.model}\n{' x '.join(map(str, plan.mesh.values()))}"])
+    ax.set_xlim(-1, 1.8)
+    ax.set_xlabel("plan (model, mesh axis sizes)")
+    ax.set_ylabel("peak memory per device (GiB)")
+    ax.set_title(f"Memory per device on {plan.hardware} (at the liveness peak)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def fig_roofline(plan: Plan):
+    """Each matmul and convolution: arithmetic intensity (FLOP per HBM byte) against the
+    FLOP/s it is predicted to reach, under the chip's two roofs (the matrix units' peak and
+    HBM bandwidth; other ops run on the vector units, which this roof does not describe)."""
+    df = report_frame(plan)
+    mm = ("dot_general", "conv_general_dilated")
+    df = df[(df.flops > 0) & (df.bytes > 0) & (df.compute_s > 0) & df.kind.isin(mm)]
+    s = plan.predicted
+    fig = _figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    if not df.empty:
+        ai = df.flops / df.bytes
+        perf = df.flops / df.compute_s
+        size = 10 + 200 * (df.time_s / df.time_s.max())
+        for kind, colour in zip(mm, ("#C44E52", "#8172B3"), strict=True):
+            m = df.kind == kind
+            if m.any():
+                ax.scatter(ai[m], perf[m], s=size[m], alpha=0.6, color=colour, label=kind)
+        peak = s.get("peak_flops_per_device")
+        bw = s.get("hbm_bandwidth_bytes_per_s")
+        if peak and bw:
+            lo, hi = min(ai.min(), peak / bw) / 4, max(ai.max(), peak / bw) * 4
+            xs = [lo * (hi / lo) ** (k / 64) for k in range(65)]
+            ax.plot(xs, [min(peak, bw * x) for x in xs], color="black", lw=1.5,
+                    label=f"roof: {peak:.3g} FLOP/s, {bw:.3g} B/s")  # fmt: skip
+            me, be = s.get("matmul_efficiency", 1.0), s.get("memory_efficiency", 1.0)
+            ax.plot(xs, [min(peak * me, bw * be * x) for x in xs], color="grey", ls="--",
+                    lw=1, label="with the profile's efficiencies")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte, per device)")
+    ax.set_ylabel("predicted FLOP/s per device")
+    ax.set_title(
+        f"Matmuls and convolutions on the {plan.hardware} roofline (area: time per step)",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def png_bytes(fig, dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+# --- HTML -------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:0.5em 0 1.5em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee;margin:0.5em 0}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.5em}
+"""
+
+
+def _kv_table(rows: list[tuple[str, str]]) -> str:
+    body = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    return f'<table class="summary">{body}</table>'
+
+
+def _frame_html(df, index: bool = False) -> str:
+    return df.to_html(index=index, float_format=lambda x: f"{x:.4g}", border=0, escape=True)
+
+
+def html_summary(plan: Plan) -> str:
+    """``Plan._repr_html_``: the summary and the costliest ops."""
+    return (
+        f"<div><b>{html.escape(repr(plan))}</b>{_kv_table(summary_rows(plan))}"
+        f"<b>Costliest ops</b>{_frame_html(top_ops(plan, 8))}</div>"
+    )
+
+
+def html_page(plan: Plan) -> str:
+    """One self-contained HTML page: summary, figures as embedded PNGs, tables."""
+    imgs = []
+    for name, fig in figures(plan).items():
+        data = base64.b64encode(png_bytes(fig)).decode()
+        imgs.append(f'<img alt="{name}" id="fig-{name}" src="data:image/png;base64,{data}">')
+    layers = report_frame(plan, "layer")
+    kinds = report_frame(plan, "kind")
+    title = html.escape(f"{plan.model} on {plan.hardware}")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>autolayout plan: {title}</title>
+<style>{_CSS}</style></head><body>
+<h1>autolayout plan: {title}</h1>
+{_kv_table(summary_rows(plan))}
+<h2>Figures</h2>
+{"".join(imgs)}
+<h2>Costliest ops</h2>
+{_frame_html(top_ops(plan, 15))}
+<h2>By layer</h2>
+{_frame_html(layers, index=True)}
+<h2>By op kind</h2>
+{_frame_html(kinds, index=True)}
+<h2>Collectives by kind</h2>
+{_frame_html(collectives_by_kind(plan), index=True)}
+</body></html>
+"""
+
+
+# --- two plans ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PlanDiff:
+    """Where two plans of one program split differently, and what it costs.
+
+    ``summary``: per quantity (step time, compute, communication, exposed communication,
+    memory, MFU) its value in each plan, ``delta`` (b - a) and ``ratio`` (b / a). ``inputs``:
+    the inputs laid out differently (layout as ``dim:axes``, bytes per device in each).
+    ``ops``: the ops split differently, with their time per step in each and the delta,
+    largest change first. ``layers``: time per step per layer in each.
+    """
+
+    a: str
+    b: str
+    summary: Any
+    inputs: Any
+    ops: Any
+    layers: Any
+
+    def __repr__(self) -> str:
+        s = self.summary.set_index("quantity")
+        st = s.loc["step_time_s"]
+        return (
+            f"PlanDiff({self.a} -> {self.b}: step {_seconds(st.a)} -> {_seconds(st.b)} "
+            f"(x{st.ratio:.3g}), {len(self.inputs)} inputs and {len(self.ops)} ops split "
+            "differently)"
+        )
+
+    def _repr_html_(self) -> str:
+        return (
+            f"<div><b>{html.escape(repr(self))}</b>{_frame_html(self.summary)}"
+            f"<b>Inputs laid out differently</b>{_frame_html(self.inputs.head(20))}"
+            f"<b>Ops split differently (largest change first)</b>"
+            f"{_frame_html(self.ops.head(20))}</div>"
+        )
+
+
+def _layout_text(dims, layout, mesh: dict[str, int]) -> str:
+    parts = []
+    for d, axes in zip(dims, layout, strict=True):
+        if axes:
+            split = "x".join(f"{a}({mesh.get(a, '?')})" for a in axes)
+            parts.append(f"{d or '?'}:{split}")
+    return ",".join(parts) or "replicated"
+
+
+def _local_bytes(shape, dtype: str, layout, mesh: dict[str, int]) -> int:
+    import numpy as np
+
+    n = math.prod(shape) * np.dtype(dtype).itemsize
+    split = math.prod(mesh.get(a, 1) for axes in layout for a in axes)
+    return n // max(split, 1)
+
+
+def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
+    """``al.diff(plan_a, plan_b)``: see :class:`PlanDiff`. Both plans must be of one program
+    (the same model, options and inputs); their hardware and meshes may differ."""
+    import pandas as pd
+
+    from ._errors import PlanError
+
+    sig_a = [(i["path"], tuple(i["shape"])) for i in a.inputs]
+    sig_b = [(i["path"], tuple(i["shape"])) for i in b.inputs]
+    if a.model != b.model or sig_a != sig_b:
+        raise PlanError(
+            f"cannot diff plans of different programs: {a.model!r} ({len(sig_a)} inputs) and "
+            f"{b.model!r} ({len(sig_b)} inputs); plan the same model with the same options"
+        )
+    qs = ["step_time_s", "compute_s", "comm_s", "exposed_comm_s", "memory_bytes_per_device",
+          "mfu"]  # fmt: skip
+    rows = []
+    for q in qs:
+        va, vb = float(a.predicted.get(q, math.nan)), float(b.predicted.get(q, math.nan))
+        rows.append({"quantity": q, "a": va, "b": vb, "delta": vb - va,
+                     "ratio": vb / va if va else math.nan})  # fmt: skip
+    rows.insert(0, {"quantity": "mesh", "a": _mesh_text(a.mesh), "b": _mesh_text(b.mesh),
+                    "delta": "", "ratio": ""})  # fmt: skip
+    summary = pd.DataFrame(rows, columns=["quantity", "a", "b", "delta", "ratio"])
+    ins = []
+    for ia, ib in zip(a.inputs, b.inputs, strict=True):
+        la = _layout_text(ia["dims"], ia["layout"], a.mesh)
+        lb = _layout_text(ib["dims"], ib["layout"], b.mesh)
+        if la != lb:
+            ins.append({
+                "path": ia["path"], "dims": ",".join(d or "?" for d in ia["dims"]),
+                "layout_a": la, "layout_b": lb,
+                "bytes_a": _local_bytes(ia["shape"], ia["dtype"], ia["layout"], a.mesh),
+                "bytes_b": _local_bytes(ib["shape"], ib["dtype"], ib["layout"], b.mesh),
+            })  # fmt: skip
+    inputs = pd.DataFrame(
+        ins, columns=["path", "dims", "layout_a", "layout_b", "bytes_a", "bytes_b"]
+    )
+    ra, rb = report_frame(a), report_frame(b)
+    ta = ra.groupby("op").agg(strategy=("strategy", "first"), time_s=("time_s", "sum"),
+                              kind=("kind", "first"), layer=("layer", "first"))  # fmt: skip
+    tb = rb.groupby("op").agg(strategy=("strategy", "first"), time_s=("time_s", "sum"))
+    j = ta.merge(tb, left_index=True, right_index=True, suffixes=("_a", "_b"))
+    ops = j[j.strategy_a != j.strategy_b].reset_index()
+    ops["delta_s"] = ops.time_s_b - ops.time_s_a
+    ops = ops.reindex(ops.delta_s.abs().sort_values(ascending=False).index)
+    ops = ops[["op", "kind", "layer", "strategy_a", "strategy_b", "time_s_a", "time_s_b",
+               "delta_s"]].reset_index(drop=True)  # fmt: skip
+    la, lb = report_frame(a, "layer").time_s, report_frame(b, "layer").time_s
+    layers = pd.DataFrame({"time_s_a": la, "time_s_b": lb}).fillna(0.0)
+    layers["delta_s"] = layers.time_s_b - layers.time_s_a
+    layers = layers.reindex(layers.delta_s.abs().sort_values(ascending=False).index)
+    return PlanDiff(names[0], names[1], summary, inputs, ops, layers)
+
+
+def _mesh_text(mesh: dict[str, int]) -> str:
+    return " x ".join(f"{k}={v}" for k, v in mesh.items())
