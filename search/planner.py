@@ -53,6 +53,7 @@ GREEDY_DIMS = 8  # the dims (most input bytes first) it toggles
 ROUND_S = 2.0  # CP-SAT time per neighbourhood round at most
 FULL_S = 10.0  # CP-SAT time for a whole (small) formulation at most
 REFINE = 3  # shapes refined by the ILP (best seeds first)
+SEED_SHARE = 0.5  # of the time left that pricing the hand layouts on every shape may take
 
 
 @dataclass
@@ -80,6 +81,7 @@ class ShapeResult:
     least_memory: int | None = None
     request: Request | None = None
     note: str = ""
+    hand: dict[str, Candidate] = field(default_factory=dict)  # the hand-layout seeds
 
 
 # --- rule sets as choices ---------------------------------------------------------------------
@@ -387,11 +389,13 @@ def plan(
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = t0 + time_limit_s
     results: list[ShapeResult] = []
-    # 1. the hand layouts on every shape
+    # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
+    seed_deadline = time.perf_counter() + SEED_SHARE * (deadline - time.perf_counter())
     for k, shape in enumerate(shapes):
         ts = time.perf_counter()
-        if ts > deadline and results:
-            r = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note="time limit")
+        if ts > seed_deadline and results:
+            note = f"time limit (seeding takes {SEED_SHARE:.0%} of the time limit at most)"
+            r = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note=note)
             results.append(r)
             continue
         req = build(st, hw, shape)
@@ -399,6 +403,7 @@ def plan(
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
         r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req)
         r.seeds = {name: c.step_time_s for name, c in sd.items()}
+        r.hand = dict(sd)
         results.append(r)
         if progress:
             progress({"stage": "seed", "mesh": dict(shape), "done": k + 1, "of": len(shapes)})
@@ -449,6 +454,28 @@ def plan(
     return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
 
 
+def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
+    """The best fitting hand-layout seed, priced as ``al.evaluate`` prices its rules (every
+    tensor laid out by the rules, none chosen): (step time, shape result, name, mesh, rules,
+    layouts, priced, axis names), or None. The request's strategies approximate a rule set (an output the
+    rules lay out unlike its op's split), so the plan is never worse than this."""
+    best = None
+    for r in results:
+        for name, c in (r.hand or {}).items():
+            if c.fits(limit) and (best is None or c.step_time_s < best[0].step_time_s):
+                best = (c, r, name)
+    if best is None:
+        return None
+    c, r, name = best
+    names = _axis_names(g, r.request, c.choice)
+    mesh = {names[a]: n for a, n in r.mesh.items()}
+    rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
+    rs = RuleSet(g, mesh, rules)
+    layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
+    priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups), donated=donated)
+    return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
+
+
 def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace, st: Structure):
     req = win.request
     choice = win.best.choice
@@ -465,6 +492,18 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]), donated=st.donated
     )
     rules, exceptions = derive_rules(g, mesh, layouts)
+    hand = _hand_exactly(g, hw, results, limit, st.donated) if status != "INFEASIBLE" else None
+    source = "search"
+    if hand is not None:
+        mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
+        faster = hand[0] < priced["predicted"]["step_time_s"] * (1 - 1e-9)
+        if hand_mem <= limit and (faster or mem > limit):
+            _, win, name, mesh, rules, layouts, priced, names = hand
+            c = win.hand[name]
+            win.best = Candidate(c.choice, hand[0], hand_mem, name)
+            exceptions = []
+            source = f"hand layout {name!r}: its rules, priced exactly, beat the search's best"
+            status = "FEASIBLE"
     tried = []
     for r in results:
         row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},
@@ -476,6 +515,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
             row["fits"] = r.best.fits(limit)
         row["chosen"] = r is win
         tried.append(row)
+    solver_source = source
     priced["predicted"]["memory_limit_bytes"] = limit
     priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
     solver = {
@@ -484,12 +524,13 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         "trace_s": t_trace,
         "variables": win.variables,
         "constraints": win.constraints,
-        "nodes": len(req.nodes),
+        "nodes": len(win.request.nodes),
         "ops": len(g.ops),
         "shared": st.share,
         "objective_s": win.best.step_time_s,
         "mesh_shapes_tried": tried,
         "exceptions": [[p, [list(a) for a in lay]] for p, lay in exceptions],
+        "source": solver_source,
     }
     if win.least_memory is not None:
         solver["least_memory_bytes"] = win.least_memory

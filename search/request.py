@@ -320,11 +320,16 @@ class Request:
         return self.structure.graph
 
     def layout_id(self, layout: Layout) -> int:
-        layout = tuple(tuple(a) for a in layout)
-        i = self._ids.get(layout)
+        try:
+            i = self._ids.get(layout)  # a tuple of tuples already (the common case)
+        except TypeError:  # lists inside
+            i = None
         if i is None:
-            i = self._ids[layout] = len(self.layouts)
-            self.layouts.append(layout)
+            layout = tuple(tuple(a) for a in layout)
+            i = self._ids.get(layout)
+            if i is None:
+                i = self._ids[layout] = len(self.layouts)
+                self.layouts.append(layout)
         return i
 
     def local_bytes(self, t: str, layout_id: int) -> int:
