@@ -33,7 +33,9 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96), time_limit_s: float = 120.0) -> pd.
     rows = []
     for share in (True, False):
         for layers in layer_counts:
-            wl = al.load_workload(ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers)
+            wl = al.load_workload(
+                ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers, remat="full"
+            )
             t0 = time.perf_counter()
             p = al.plan(wl, HW, time_limit_s=time_limit_s, share=share)
             wall = time.perf_counter() - t0

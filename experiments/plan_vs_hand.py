@@ -3,7 +3,7 @@
     python experiments/plan_vs_hand.py        # writes experiments/results/plan_vs_hand.{csv,png}
 
 For each example model at a realistic width (depth reduced where the layers are unrolled, so
-that the run stays short; GPT is the full 24-layer stack through ``lax.scan``) and each of
+that the run stays short; GPT is the full 24-layer stack through ``lax.scan``, rematerialised as one trains it) and each of
 five hardware profiles, one row: the plan's predicted step time, the best hand layout (DP,
 FSDP, Megatron, 2-D, Megatron+FSDP) that fits in memory, and each hand layout's step time.
 """
@@ -27,7 +27,7 @@ from autolayout.search.planner import compare  # noqa: E402
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results"
 MODELS = {
-    "gpt": dict(size="gpt3-xl", scan=True),
+    "gpt": dict(size="gpt3-xl", scan=True, remat="full"),
     "mlp": dict(batch=4096, d_in=8192, hidden=32768, d_out=8192, layers=4, dtype="bfloat16"),
     "moe": dict(size="base", layers=2),
     "t5": dict(size="large", layers=2),
