@@ -50,7 +50,8 @@ def plan(workload, hw, *, mesh=None, memory_limit=None, time_limit_s=60.0, **kw)
     """The layout and mesh shape with the least predicted step time that fits in memory
     (``autolayout.search``): an :class:`Plan` with status OPTIMAL, FEASIBLE, TIMEOUT or
     INFEASIBLE (then ``plan.solver["least_memory_bytes"]`` says what the least-memory
-    layout found needs)."""
+    layout found needs). ``objective="memory"``: the least peak memory per device instead
+    (Mesh-TF's auto_mtf objective)."""
     from .search.planner import plan as _plan
 
     return _plan(

@@ -249,8 +249,11 @@ def _plan_options(f):
 @_plan_options
 @click.option("--mesh", "mesh_text", help="Fix the mesh, e.g. data=16,model=8.")
 @click.option("--memory-limit", type=float, help="GiB per device (default: HBM x headroom).")
+@click.option("--objective", type=click.Choice(["time", "memory"]), default="time",
+              show_default=True,
+              help="Least step time that fits, or least memory per device (Mesh-TF's auto_mtf).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
-def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, out) -> None:
+def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objective, out) -> None:
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
     from .search.planner import plan
 
@@ -259,7 +262,8 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, out) -> 
     mesh = _mesh(mesh_text) if mesh_text else None
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
-        p = plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress)
+        p = plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
+                 objective=objective)  # fmt: skip
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(
@@ -366,6 +370,98 @@ def diff_cmd(plan_a, plan_b, top) -> None:
     con.print(_rich_frame(d.layers.head(top), "time per step by layer (s)", index="layer"))
 
 
+@main.command("run")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--steps", default=10, show_default=True, help="Training steps to run.")
+@click.option("--devices", type=int,
+              help="Devices per process: on a CPU, this many fake devices (default: the plan's, "
+                   "divided by the processes).")  # fmt: skip
+@click.option("--rescale", is_flag=True,
+              help="Keep the plan's rules and shrink its mesh axes to the devices here.")  # fmt: skip
+@click.option("--seed", default=0, show_default=True, help="Seed of the state and the batches.")
+@click.option("--coordinator", envvar="JAX_COORDINATOR_ADDRESS",
+              help="HOST:PORT of process 0, for a multi-process run (jax.distributed).")  # fmt: skip
+@click.option("--num-processes", type=int, envvar="JAX_NUM_PROCESSES", help="Processes in all.")
+@click.option("--process-id", type=int, envvar="JAX_PROCESS_ID", help="This process's index.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write losses and times (JSON).")
+@_set_option
+def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_processes,
+            process_id, out, sets) -> None:  # fmt: skip
+    """Train MODEL.py laid out as PLAN for N steps: per-step loss and time, then measured
+    against predicted step time."""
+    import json
+
+    import jax
+
+    from ._plan import Plan
+
+    plan = Plan.load(plan_path)
+    procs = num_processes or 1
+    if coordinator:
+        if num_processes is None or process_id is None:
+            raise click.UsageError("--coordinator needs --num-processes and --process-id")
+    local = devices or max(1, plan.devices // procs)
+    try:  # CPU devices for this process (no effect on GPUs/TPUs)
+        jax.config.update("jax_num_cpu_devices", local)
+    except RuntimeError:  # jax already started (a notebook, a test): use its devices
+        pass
+    if coordinator:
+        from .runtime.run import init_distributed
+
+        init_distributed(coordinator, num_processes, process_id, local)
+    options = {**plan.options, **parse_sets(sets)}
+    wl = _workload_for_plan(model, plan, plan_path, options)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .runtime.run import run
+
+    tag = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
+    n = len(jax.devices())
+    click.echo(
+        f"{tag}{plan.model}: mesh {' x '.join(f'{k}={v}' for k, v in plan.mesh.items())} "
+        f"on {n} devices ({jax.process_count()} processes, {jax.default_backend()})"
+    )
+    bar = Progress("steps", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)  # fmt: skip
+    with bar:
+        task = bar.add_task("steps", total=steps)
+
+        def on_step(i, loss, dt):
+            bar.update(task, completed=i + 1)
+            click.echo(f"{tag}step {i + 1}: loss {loss:.6f}  {dt * 1e3:.1f} ms")
+
+        res = run(plan, wl, steps=steps, seed=seed, rescale_mesh=rescale, on_step=on_step)
+    for note in res.notes:
+        click.echo(f"{tag}note: {note}")
+    pred = (f"predicted {res.predicted_s * 1e3:.2f} ms on {res.local_hw}"
+            if res.predicted_s is not None else "no profile for these devices to predict on")  # fmt: skip
+    ratio = (
+        f" (measured/predicted {res.measured_s / res.predicted_s:.2f})" if res.predicted_s else ""
+    )
+    click.echo(
+        f"{tag}measured {res.measured_s * 1e3:.2f} ms per step (median of steps 2-{steps}), "
+        f"{pred}{ratio}; compile {res.compile_s:.1f} s"
+    )
+    if out:
+        from pathlib import Path
+
+        Path(out).write_text(json.dumps(res.to_dict(), indent=1))
+
+
+def _workload_for_plan(model: str, plan, plan_path: str, options: dict):
+    from ._errors import ModelFileError, PlanError
+
+    try:
+        return load_workload(model, **options)
+    except ModelFileError as e:
+        raise PlanError(
+            f"{plan_path} was made for {plan.model!r}, whose options {model} does not take: "
+            f"a plan made for another model? ({e})"
+        ) from e
+
+
 @main.command("validate")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))
@@ -383,16 +479,8 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
     flag = f"--xla_force_host_platform_device_count={n}"
     if flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    from ._errors import ModelFileError, PlanError
-
     options = {**plan.options, **parse_sets(sets)}
-    try:
-        wl = load_workload(model, **options)
-    except ModelFileError as e:
-        raise PlanError(
-            f"{plan_path} was made for {plan.model!r}, whose options {model} does not take: "
-            f"a plan made for another model? ({e})"
-        ) from e
+    wl = _workload_for_plan(model, plan, plan_path, options)
     import jax
 
     from .runtime import validate

@@ -134,6 +134,25 @@ class Plan:
         """Mesh-TF layout rules, ``[(dim, (mesh axis, ...)), ...]`` (MaxText's format)."""
         return [(d, tuple(a)) for d, a in self.rules_]
 
+    def logical_axis_rules(self) -> list[tuple[str, str | tuple[str, ...] | None]]:
+        """The rules as Flax/MaxText ``logical_axis_rules``: ``[(dim, mesh axis | (axes, ...)
+        | None), ...]``, the plan's rules first, then every other dim of the inputs as
+        ``None`` (replicated), for ``flax.linen.logical_axis_rules`` /
+        ``nn.logical_to_mesh_sharding`` unchanged. Inputs the rules do not lay out (the
+        solver's ``exceptions``) are not expressible as rules: ``partition_specs()`` has them.
+        """
+        out: list[tuple[str, str | tuple[str, ...] | None]] = []
+        seen = set()
+        for d, axes in self.rules():
+            out.append((d, axes[0] if len(axes) == 1 else tuple(axes)))
+            seen.add(d)
+        for i in self.inputs:
+            for d in i["dims"]:
+                if d is not None and d not in seen:
+                    out.append((d, None))
+                    seen.add(d)
+        return out
+
     def partition_specs(self, workload: Any = None):
         """A pytree of ``PartitionSpec`` matching the workload's arguments."""
         import jax

@@ -154,6 +154,10 @@ class Workload:
       name: shown in reports.
       init: optional ``init(seed) -> args`` that builds real arguments of the same shapes,
         for running the workload.
+      init_state: optional ``init_state(key) -> (the donated arguments)``, jittable (built
+        with ``jax.random``): ``autolayout run`` makes the state in its planned sharding.
+      batches: optional ``batches(step, seed) -> (the other arguments)`` as host arrays, the
+        same on every process (each process feeds its own shards of them).
       options: the options the model file's ``workload()`` was called with.
 
     Example:
@@ -170,8 +174,13 @@ class Workload:
     name: str = ""
     init: Callable[[int], tuple[Any, ...]] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    init_state: Callable[[Any], tuple[Any, ...]] | None = None
+    batches: Callable[[int, int], tuple[Any, ...]] | None = None
 
-    def __init__(self, fn, args, *, donate_argnums=(), name="", init=None, options=None):
+    def __init__(
+        self, fn, args, *, donate_argnums=(), name="", init=None, options=None,
+        init_state=None, batches=None,
+    ):  # fmt: skip
         if not callable(fn):
             raise WorkloadError(f"Workload fn must be callable, got {type(fn).__name__}")
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
@@ -191,6 +200,8 @@ class Workload:
         object.__setattr__(self, "name", name or getattr(fn, "__name__", "workload"))
         object.__setattr__(self, "init", init)
         object.__setattr__(self, "options", dict(options or {}))
+        object.__setattr__(self, "init_state", init_state)
+        object.__setattr__(self, "batches", batches)
 
     @property
     def argnames(self) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import _blocks as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import autolayout as al
@@ -92,7 +93,7 @@ def workload(
         return nn.cross_entropy(logits, batch["targets"])
 
     def make_batch(rng):
-        toks = jnp.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
+        toks = np.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name, **c)

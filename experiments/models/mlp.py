@@ -8,6 +8,7 @@ from __future__ import annotations
 import _blocks as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import autolayout as al
 
@@ -46,8 +47,8 @@ def workload(
 
     def make_batch(rng):
         return {
-            "x": jnp.asarray(rng.standard_normal((batch, d_in)), dt),
-            "y": jnp.asarray(rng.standard_normal((batch, d_out)), dt),
+            "x": np.asarray(rng.standard_normal((batch, d_in)), dt),
+            "y": np.asarray(rng.standard_normal((batch, d_out)), dt),
         }
 
     options = dict(batch=batch, d_in=d_in, hidden=hidden, d_out=d_out, layers=layers, dtype=dtype)

@@ -16,6 +16,7 @@ import math
 import _blocks as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import autolayout as al
 
@@ -106,7 +107,7 @@ def workload(
         return nn.cross_entropy(logits, batch["targets"]) + 0.01 * aux / L
 
     def make_batch(rng):
-        toks = jnp.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
+        toks = np.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import _blocks as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import autolayout as al
 
@@ -70,8 +71,8 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
         return nn.cross_entropy(logits, batch["targets"])
 
     def make_batch(rng):
-        tgt = jnp.asarray(rng.integers(0, V, (B, Sd + 1)), jnp.int32)
-        inputs = jnp.asarray(rng.integers(0, V, (B, Se)), jnp.int32)
+        tgt = np.asarray(rng.integers(0, V, (B, Sd + 1)), jnp.int32)
+        inputs = np.asarray(rng.integers(0, V, (B, Se)), jnp.int32)
         return {"inputs": inputs, "targets_in": tgt[:, :-1], "targets": tgt[:, 1:]}
 
     options = dict(size=size, dtype=jnp.dtype(dt).name, **c)

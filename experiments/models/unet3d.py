@@ -14,6 +14,7 @@ from __future__ import annotations
 import _blocks as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import autolayout as al
@@ -99,8 +100,8 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
 
     def make_batch(rng):
         return {
-            "image": jnp.asarray(rng.standard_normal((B, V, V, V, cin)), dt),
-            "labels": jnp.asarray(rng.integers(0, K, (B, V, V, V)), jnp.int32),
+            "image": np.asarray(rng.standard_normal((B, V, V, V, cin)), dt),
+            "labels": np.asarray(rng.integers(0, K, (B, V, V, V)), jnp.int32),
         }
 
     options = dict(size=size, dtype=dtype, **c)

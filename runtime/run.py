@@ -1,0 +1,248 @@
+"""``autolayout run``: a plan as a training job.
+
+The state (the donated arguments: parameters and optimizer state) is made where it lives:
+``jax.jit(workload.init_state, out_shardings=...)`` builds each device's shard on that
+device, so nothing is built whole on one device first. Each step's other arguments (the
+batch) come from ``workload.batches(step, seed)`` on the host, the same on every process;
+``jax.make_array_from_callback`` hands each process only its own shards. The step is the
+plan's ``al.apply`` function with the state donated.
+
+On several processes (``jax.distributed``) the mesh spans every process's devices; call
+:func:`init_distributed` before anything touches a device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from autolayout._errors import MeshError, PlanError, WorkloadError
+from autolayout._plan import Plan
+from autolayout._workload import Workload, path_str
+
+
+@dataclass
+class RunResult:
+    """What a run measured: the loss and wall time of every step, and the prediction."""
+
+    plan: Plan
+    losses: list[float]
+    step_times_s: list[float]
+    compile_s: float
+    predicted_s: float | None  # the plan's layout priced on the local hardware profile
+    local_hw: str | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def measured_s(self) -> float:
+        """The median step time, the first step (a warm-up) left out when there are more."""
+        times = self.step_times_s[1:] or self.step_times_s
+        return float(np.median(times))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.plan.model,
+            "mesh": dict(self.plan.mesh),
+            "losses": self.losses,
+            "step_times_s": self.step_times_s,
+            "measured_step_s": self.measured_s,
+            "compile_s": self.compile_s,
+            "predicted_step_s": self.predicted_s,
+            "local_hardware": self.local_hw,
+            "processes": jax.process_count(),
+            "notes": self.notes,
+        }
+
+
+def init_distributed(
+    coordinator: str, num_processes: int, process_id: int, local_devices: int | None = None
+) -> None:
+    """``jax.distributed.initialize`` for a multi-process run; on CPUs, ``local_devices``
+    fake devices per process and collectives through gloo."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU backends only
+    if local_devices is not None:
+        try:
+            jax.config.update("jax_num_cpu_devices", int(local_devices))
+        except RuntimeError:
+            pass  # set already, before jax started
+    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def rescale(plan: Plan, n: int) -> tuple[dict[str, int], str]:
+    """The plan's mesh shrunk to ``n`` devices, the rules kept: the largest axis divided by
+    its smallest prime factor, repeatedly. Returns the mesh and what was done."""
+    mesh = dict(plan.mesh)
+    total = math.prod(mesh.values())
+    if total % n:
+        raise MeshError(
+            f"--rescale: the plan's {total} devices cannot shrink to {n} ({n} does not divide "
+            f"{total})"
+        )
+    while math.prod(mesh.values()) > n:
+        left = math.prod(mesh.values()) // n
+        axis = max((a for a in mesh if mesh[a] > 1 and math.gcd(mesh[a], left) > 1),
+                   key=lambda a: mesh[a])  # fmt: skip
+        g = math.gcd(mesh[axis], left)
+        p = next(k for k in range(2, g + 1) if g % k == 0)
+        mesh[axis] //= p
+    old = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    new = " x ".join(f"{k}={v}" for k, v in mesh.items())
+    return mesh, f"rescaled the mesh {old} ({total} devices) to {new} ({n} devices), same rules"
+
+
+def local_profile(devices: Sequence[Any]) -> str | None:
+    """The hardware profile of these devices, if one ships: ``cpu-N``, ``h100-N``, ..."""
+    from autolayout._hardware import hardware
+
+    d = devices[0]
+    n = len(devices)
+    if d.platform == "cpu":
+        name = f"cpu-{n}"
+    else:
+        kind = getattr(d, "device_kind", "").lower()
+        fam = next((f for f in ("h200", "h100", "b200", "a100") if f in kind), None)
+        if fam is None:
+            return None
+        name = f"{fam}-80gb-{n}" if fam == "a100" else f"{fam}-{n}"
+    try:
+        hardware(name)
+    except Exception:
+        return None
+    return name
+
+
+def _global_array(x: Any, sharding) -> jax.Array:
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def run(
+    plan: Plan,
+    workload: Workload,
+    *,
+    steps: int,
+    devices: Sequence[Any] | None = None,
+    seed: int = 0,
+    rescale_mesh: bool = False,
+    on_step: Callable[[int, float, float], None] | None = None,
+) -> RunResult:
+    """Runs ``steps`` steps of ``workload`` laid out as ``plan`` on ``devices`` (default:
+    every device of every process)."""
+    from autolayout._evaluate import evaluate
+    from autolayout._hardware import hardware
+    from autolayout._trace import trace
+
+    from .apply import apply, check_inputs
+
+    if steps < 1:
+        raise WorkloadError(f"--steps must be at least 1, got {steps}")
+    devices = list(jax.devices() if devices is None else devices)
+    notes: list[str] = []
+    flat, treedef = jax.tree_util.tree_flatten_with_path(workload.args)
+    paths = [path_str(p, workload.argnames) for p, _ in flat]
+    check_inputs(plan, [leaf for _, leaf in flat], paths)
+    local = local_profile(devices)
+    if plan.devices != len(devices):
+        if not rescale_mesh:
+            raise MeshError(
+                f"the plan was made for {plan.devices} devices ({plan.hardware}) and "
+                f"{len(devices)} are here; plan for this machine, or pass --rescale to keep the "
+                f"rules and shrink the mesh axes to {len(devices)} devices"
+            )
+        mesh, note = rescale(plan, len(devices))
+        notes.append(note)
+        if local is None:
+            raise MeshError("--rescale needs a hardware profile for these devices; none ships")
+        graph = plan.graph if plan.graph is not None else trace(workload)
+        plan = evaluate(workload, hardware(local), mesh=mesh, rules=plan.rules(), graph=graph)
+    if workload.init_state is None or workload.batches is None:
+        raise WorkloadError(
+            f"workload {workload.name!r} has no init_state/batches: `autolayout run` needs "
+            "init_state(key) -> donated arguments and batches(step, seed) -> the others"
+        )
+    step_fn = apply(plan, workload.fn, devices, workload=workload)
+    from .apply import make_mesh
+
+    mesh = make_mesh(plan, devices)
+    from jax.sharding import NamedSharding
+
+    from autolayout._plan import partition_spec
+
+    shardings = [NamedSharding(mesh, partition_spec(i["layout"])) for i in plan.inputs]
+    tree = jax.tree_util.tree_unflatten(treedef, shardings)
+    donated = tuple(workload.donate_argnums)
+    others = tuple(i for i in range(len(workload.args)) if i not in donated)
+    state_out = tuple(tree[i] for i in donated)
+    state = jax.jit(workload.init_state, out_shardings=state_out)(jax.random.key(seed))
+    args: list[Any] = [None] * len(workload.args)
+    for i, s in zip(donated, state, strict=True):
+        args[i] = s
+
+    def feed(step: int) -> None:
+        data = workload.batches(step, seed)
+        for i, x in zip(others, data, strict=True):
+            args[i] = jax.tree.map(_global_array, x, tree[i])
+
+    feed(0)
+    t0 = time.perf_counter()
+    compiled = step_fn.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    losses, times = [], []
+    for step in range(steps):
+        if step:
+            feed(step)
+        t = time.perf_counter()
+        out = compiled(*args)
+        loss_leaf = out[-1] if isinstance(out, (tuple, list)) else out
+        loss = float(np.asarray(loss_leaf.addressable_shards[0].data))
+        dt = time.perf_counter() - t
+        for i, s in zip(donated, out, strict=False):
+            args[i] = s
+        losses.append(loss)
+        times.append(dt)
+        if on_step:
+            on_step(step, loss, dt)
+    predicted = None
+    if local is not None:
+        if local == plan.hardware:
+            predicted = plan.predicted["step_time_s"]
+        else:
+            graph = plan.graph if plan.graph is not None else trace(workload)
+            here = evaluate(workload, hardware(local), mesh=plan.mesh, rules=plan.rules(),
+                            graph=graph)  # fmt: skip
+            predicted = here.predicted["step_time_s"]
+            notes.append(
+                f"predicted on {local} for the plan's rules (the plan is for {plan.hardware})"
+            )
+    return RunResult(plan, losses, times, compile_s, predicted, local, notes)
+
+
+def reference_losses(workload: Workload, *, steps: int, seed: int = 0) -> list[float]:
+    """The same steps through plain ``jax.jit(workload.fn)`` on one device: the losses a
+    laid-out run must reproduce."""
+    if workload.init_state is None or workload.batches is None:
+        raise PlanError(f"workload {workload.name!r} has no init_state/batches")
+    dev = jax.local_devices()[0]
+    state = jax.jit(workload.init_state)(jax.random.key(seed))
+    donated = tuple(workload.donate_argnums)
+    others = tuple(i for i in range(len(workload.args)) if i not in donated)
+    fn = jax.jit(workload.fn, donate_argnums=donated)
+    args: list[Any] = [None] * len(workload.args)
+    for i, s in zip(donated, state, strict=True):
+        args[i] = s
+    losses = []
+    for step in range(steps):
+        data = workload.batches(step, seed)
+        for i, x in zip(others, data, strict=True):
+            args[i] = jax.device_put(jax.tree.map(np.asarray, x), dev)
+        out = fn(*args)
+        for i, s in zip(donated, out, strict=False):
+            args[i] = s
+        losses.append(float(out[-1]))
+    return losses
