@@ -233,17 +233,19 @@ def _solve_fitting(
     hint: list[int],
     time_limit_s: float,
     rows: list,
-) -> tuple[ilp.Solution, Candidate | None]:
-    """Solves, adding a memory row at the peak of each solution that does not fit."""
+    deadline: float | None = None,
+) -> tuple[ilp.Solution | None, Candidate | None]:
+    """Solves, adding a memory row at the peak of each solution that does not fit, until
+    ``deadline`` (each solve ``time_limit_s`` at most)."""
 
-    def solve(rows, _left):
+    def solve(rows, left):
+        t = time_limit_s if left is None else max(0.05, min(time_limit_s, left))
         return ilp.solve(
-            req, candidates=candidates, rows=rows, limit_bytes=limit,
-            time_limit_s=time_limit_s, hint=hint,
-        )  # fmt: skip
+            req, candidates=candidates, rows=rows, limit_bytes=limit, time_limit_s=t, hint=hint
+        )
 
     sol = None
-    for sol, mem in _with_rows(req, rows, solve):
+    for sol, mem in _with_rows(req, rows, solve, deadline):
         if mem is not None and mem <= limit:
             return sol, Candidate(sol.choice, req.objective(sol.choice), mem, "ilp")
     return sol, None
@@ -279,7 +281,9 @@ def refine(
     rows = [memory_row(req, memory_peak(req, start.choice)[1])]
     best = start
     if req.size() <= full_limit:
-        sol, cand = _solve_fitting(req, limit, None, best.choice, min(time_limit_s, FULL_S), rows)
+        sol, cand = _solve_fitting(
+            req, limit, None, best.choice, min(time_limit_s, FULL_S), rows, t_end
+        )
         status = sol.status if sol is not None else "UNKNOWN"
         if cand is not None and _score(cand, limit) <= _score(best, limit):
             best = cand
@@ -299,7 +303,10 @@ def refine(
             c = _neighbours(req, n, best.choice[n])
             c.update(sd.choice[n] for sd in seeds_ if sd.choice[n] not in req.nodes[n].forbidden)
             cands.append(sorted(c))
-        sol, cand = _solve_fitting(req, limit, cands, best.choice, min(left, ROUND_S), rows)
+        sol, cand = _solve_fitting(req, limit, cands, best.choice, min(left, ROUND_S), rows, t_end)
+        if sol is None:
+            status = "TIMEOUT"
+            break
         nvars, ncons = max(nvars, sol.variables), max(ncons, sol.constraints)
         if cand is None or _score(cand, limit) >= _score(best, limit):
             if cand is None and sol.status == "UNKNOWN":
@@ -332,7 +339,7 @@ def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> 
 
 def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
     """Generic mesh axes named after what they split: the batch only ``data``, the batch and
-    weights ``fsdp``, weights or activations only ``model``."""
+    weights ``fsdp``, weights or activations only (no input) ``model``."""
     batch = None
     try:
         batch = batch_dim(g)
@@ -350,8 +357,7 @@ def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
     for a in req.machine.mesh:
         s = splits[a]
         name = "data" if s == {"batch"} else "fsdp" if s == {"batch", "param"} else "model"
-        if not s:
-            name = "spare"
+        # an axis that splits no input splits activations only: model parallelism too
         k, base = 2, name
         while name in used:
             name, k = f"{base}{k}", k + 1
@@ -373,9 +379,16 @@ def plan(
     prune: float = 1.5,
     full_limit: int = FULL_LIMIT,
     refine_shapes: int = REFINE,
+    objective: str = "time",
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
-    memory (``memory_limit`` bytes per device; default the profile's HBM x headroom)."""
+    memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
+
+    ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
+    per device (ties: the faster), whether or not it fits.
+    """
+    if objective not in ("time", "memory"):
+        raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
     t0 = time.perf_counter()
     hw = hardware(hw) if isinstance(hw, str) else hw
     if graph is None:
@@ -407,6 +420,9 @@ def plan(
         results.append(r)
         if progress:
             progress({"stage": "seed", "mesh": dict(shape), "done": k + 1, "of": len(shapes)})
+    if objective == "memory":
+        return _least_memory_plan(workload, graph, hw, results, limit, deadline, t0, t_trace, st,
+                                  refine_shapes, progress)  # fmt: skip
     # 2. greedy rules and the ILP on the shapes with the best seeds
     order = sorted((r for r in results if r.best is not None), key=lambda r: _score(r.best, limit))
     best_time = math.inf
@@ -454,6 +470,39 @@ def plan(
     return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
 
 
+def _least_memory_plan(workload, g, hw, results, limit, deadline, t0, t_trace, st, refine_shapes,
+                       progress) -> Plan:  # fmt: skip
+    """``objective="memory"``: on the shapes whose seeds need least memory, the ILP that
+    minimises the peak memory row (rows added lazily)."""
+    seeded = [r for r in results if r.best is not None]
+    for r in seeded:  # the seed needing least memory (ties: the faster)
+        r.best = min(r.hand.values(), key=lambda c: (c.memory_bytes, c.step_time_s))
+    order = sorted(seeded, key=lambda r: (r.best.memory_bytes, r.best.step_time_s))
+    for k, r in enumerate(order[:refine_shapes]):
+        left = deadline - time.perf_counter()
+        ts = time.perf_counter()
+        if left <= 0.1:
+            r.note = "time limit"
+            continue
+        r.best = least_memory(
+            r.request, r.best, time_limit_s=left / (min(len(order), refine_shapes) - k)
+        )
+        r.status = "FEASIBLE"
+        r.wall_s += time.perf_counter() - ts
+        if progress:
+            progress({"stage": "solve", "mesh": r.mesh, "done": k + 1,
+                      "of": min(len(order), refine_shapes), "step_time_s": r.best.step_time_s})  # fmt: skip
+    win = min(order, key=lambda r: (r.best.memory_bytes, r.best.step_time_s))
+    plan = _to_plan(workload, g, hw, win, results, "FEASIBLE", limit, t0, t_trace, st,
+                    check_hand=False)  # fmt: skip
+    plan.solver["objective"] = "memory"
+    if not plan.predicted["fits"]:
+        plan.status = "INFEASIBLE"
+        plan.solver["status"] = "INFEASIBLE"
+        plan.solver["least_memory_bytes"] = plan.predicted["memory_bytes_per_device"]
+    return plan
+
+
 def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
     """The best fitting hand-layout seed, priced as ``al.evaluate`` prices its rules (every
     tensor laid out by the rules, none chosen): (step time, shape result, name, mesh, rules,
@@ -476,7 +525,8 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
     return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
 
 
-def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace, st: Structure):
+def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace,
+             st: Structure, check_hand: bool = True):  # fmt: skip
     req = win.request
     choice = win.best.choice
     names = _axis_names(g, req, choice)
@@ -492,7 +542,9 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]), donated=st.donated
     )
     rules, exceptions = derive_rules(g, mesh, layouts)
-    hand = _hand_exactly(g, hw, results, limit, st.donated) if status != "INFEASIBLE" else None
+    hand = None
+    if check_hand and status != "INFEASIBLE":
+        hand = _hand_exactly(g, hw, results, limit, st.donated)
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))

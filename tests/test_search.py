@@ -261,3 +261,21 @@ def test_plan_compiles_as_predicted():
     v = al.validate(p, wl, jax.devices()[:8])
     checked = v[v["checked"]]
     assert len(checked) and checked["ok"].all(), v
+
+
+def test_memory_objective_needs_no_more_memory_than_any_layout_tried():
+    from autolayout.search.baselines import standard_layouts
+
+    wl = al.load_workload(f"{MODELS}/gpt.py", batch=32)
+    g = al.trace(wl)
+    mem = al.plan(wl, "cpu-8", time_limit_s=8, graph=g, objective="memory")
+    fast = al.plan(wl, "cpu-8", time_limit_s=8, graph=g)
+    assert mem.solver["objective"] == "memory"
+    m = mem.predicted["memory_bytes_per_device"]
+    assert m <= fast.predicted["memory_bytes_per_device"]
+    assert mem.predicted["step_time_s"] >= fast.predicted["step_time_s"] * (1 - 1e-9)
+    hand = [al.evaluate(wl, "cpu-8", mesh=ms, rules=r, graph=g)
+            for ms, r in standard_layouts(g, 8).values()]  # fmt: skip
+    assert m <= min(h.predicted["memory_bytes_per_device"] for h in hand) * 1.0001
+    with pytest.raises(ValueError, match="objective"):
+        al.plan(wl, "cpu-8", graph=g, objective="speed")
