@@ -167,7 +167,12 @@ class Hardware:
         c = self.chip
         flops = ", ".join(f"{k} {v:.3g}" for k, v in c.peak_flops.items())
         lines = [
-            f"{self.name}: {self.description or self.family}{' (approximate figures)' if self.approximate else ''}",
+            f"{self.name}: {self.description or self.family}"
+            + (
+                " (approximate figures)"
+                if self.approximate and "approximate" not in (self.description or "")
+                else ""
+            ),  # fmt: skip
             f"  devices      {self.num_devices}",
             f"  topology     {self.topology.describe()}",
             f"  peak FLOP/s  {flops} per device",
