@@ -51,7 +51,8 @@ def plan(workload, hw, *, mesh=None, memory_limit=None, time_limit_s=60.0, **kw)
     (``autolayout.search``): an :class:`Plan` with status OPTIMAL, FEASIBLE, TIMEOUT or
     INFEASIBLE (then ``plan.solver["least_memory_bytes"]`` says what the least-memory
     layout found needs). ``objective="memory"``: the least peak memory per device instead
-    (Mesh-TF's auto_mtf objective)."""
+    (Mesh-TF's auto_mtf objective). ``deterministic=True``: the same plan on every run
+    (the time limit then counts the solver's work, not wall time)."""
     from .search.planner import plan as _plan
 
     return _plan(

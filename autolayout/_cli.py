@@ -252,8 +252,11 @@ def _plan_options(f):
 @click.option("--objective", type=click.Choice(["time", "memory"]), default="time",
               show_default=True,
               help="Least step time that fits, or least memory per device (Mesh-TF's auto_mtf).")  # fmt: skip
+@click.option("--deterministic", is_flag=True,
+              help="The same plan on every run: the time limit counts solver work, not seconds.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
-def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objective, out) -> None:
+def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objective, deterministic,
+             out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
     from .search.planner import plan
 
@@ -263,7 +266,7 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objectiv
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
         p = plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
-                 objective=objective)  # fmt: skip
+                 objective=objective, deterministic=deterministic)  # fmt: skip
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(

@@ -63,7 +63,8 @@ def _group_size(line: str) -> int:
     m = re.search(r"replica_groups=\[([0-9,]+)\]<=", line)
     if m:
         return int(m.group(1).split(",")[-1])
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    # mesh form, with or without device ids between: mesh[...], device_ids=(...) {'axis_1'}
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
     if m:
         sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
         names = re.findall(r"'(\w+)'", m.group(2))

@@ -64,6 +64,7 @@ class Solution:
     wall_s: float
     variables: int
     constraints: int
+    deterministic_s: float = 0.0  # CP-SAT's deterministic time (reproducible work units)
 
 
 def workers() -> int:
@@ -80,9 +81,12 @@ def solve(
     time_limit_s: float = 60.0,
     hint: Sequence[int] | None = None,
     objective: str = "time",
+    deterministic: bool = False,
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
-    allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row."""
+    allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
+    ``deterministic``: one worker, seed 0, and ``time_limit_s`` of CP-SAT's deterministic
+    time instead of wall time, so the same request gives the same answer on any load."""
     t0 = time.perf_counter()
     model = cp_model.CpModel()
     nodes = req.nodes
@@ -194,14 +198,21 @@ def solve(
                     model.add_hint(v, s2 == s)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit_s))
-    solver.parameters.num_workers = workers()
+    if deterministic:  # one worker, a fixed seed, a budget of deterministic time
+        solver.parameters.num_workers = 1
+        solver.parameters.random_seed = 0
+        solver.parameters.max_deterministic_time = max(0.05, float(time_limit_s))
+        solver.parameters.max_time_in_seconds = 60.0 * max(1.0, float(time_limit_s))  # a net
+    else:
+        solver.parameters.max_time_in_seconds = max(0.05, float(time_limit_s))
+        solver.parameters.num_workers = workers()
     code = solver.solve(model)
+    dtime = float(solver.response_proto.deterministic_time)
     status = _STATUS.get(code, "UNKNOWN")
     proto = model.proto
     nvars, ncons = len(proto.variables), len(proto.constraints)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solution(status, None, None, None, time.perf_counter() - t0, nvars, ncons)
+        return Solution(status, None, None, None, time.perf_counter() - t0, nvars, ncons, dtime)
     choice = [
         next(s for s, v in row.items() if (v == 1 if isinstance(v, int) else solver.value(v)))
         for row in x
@@ -215,4 +226,5 @@ def solve(
         time.perf_counter() - t0,
         nvars,
         ncons,
+        dtime,
     )

@@ -84,6 +84,41 @@ class ShapeResult:
     hand: dict[str, Candidate] = field(default_factory=dict)  # the hand-layout seeds
 
 
+# --- the clock ------------------------------------------------------------------------------
+
+
+class _Clock:
+    """Wall time, or (deterministic) a count of work: each CP-SAT solve's deterministic time
+    and a fixed charge per priced candidate, so deadlines fall at the same point of the
+    search on any machine and any load."""
+
+    PRICE_S = 0.02  # a priced rule-set candidate
+    SHAPE_S = 0.2  # a request built for a mesh shape
+
+    def __init__(self, deterministic: bool = False) -> None:
+        self.deterministic = deterministic
+        self.virtual = 0.0
+
+    def now(self) -> float:
+        return self.virtual if self.deterministic else time.perf_counter()
+
+    def charge(self, seconds: float) -> None:
+        self.virtual += seconds
+
+
+_CLOCK = _Clock()
+
+
+def _now() -> float:
+    return _CLOCK.now()
+
+
+def _solve(req: Request, **kw) -> ilp.Solution:
+    sol = ilp.solve(req, deterministic=_CLOCK.deterministic, **kw)
+    _CLOCK.charge(sol.deterministic_s)
+    return sol
+
+
 # --- rule sets as choices ---------------------------------------------------------------------
 
 
@@ -113,6 +148,7 @@ def _score(c: Candidate, limit: int) -> tuple[int, float]:
 
 
 def _candidate(req: Request, choice: list[int], source: str) -> Candidate:
+    _CLOCK.charge(_Clock.PRICE_S)
     mem, _ = memory_peak(req, choice)
     return Candidate(list(choice), req.objective(choice), mem, source)
 
@@ -172,7 +208,7 @@ def seeds(
     rules: dict[str, tuple[str, ...]] = dict(best.rules)  # type: ignore[attr-defined]
     moved = False
     for _ in range(GREEDY_STEPS):
-        if time.perf_counter() > deadline:
+        if _now() > deadline:
             break
         trial_best = None
         for a in names:
@@ -212,7 +248,7 @@ def _with_rows(req: Request, rows: list, solve, deadline: float | None = None):
     solution, while the rows change: yields ``(solution, peak bytes)`` each round (peak
     ``None`` when the solver found nothing)."""
     for _ in range(MAX_ROWS):
-        left = None if deadline is None else deadline - time.perf_counter()
+        left = None if deadline is None else deadline - _now()
         if left is not None and left <= 0.05:
             return
         sol = solve(rows, left)
@@ -240,7 +276,7 @@ def _solve_fitting(
 
     def solve(rows, left):
         t = time_limit_s if left is None else max(0.05, min(time_limit_s, left))
-        return ilp.solve(
+        return _solve(
             req, candidates=candidates, rows=rows, limit_bytes=limit, time_limit_s=t, hint=hint
         )
 
@@ -277,7 +313,7 @@ def refine(
     full_limit: int = FULL_LIMIT,
 ) -> tuple[Candidate, str, int, int]:
     """The ILP from ``start``: the whole model where small, else neighbourhood rounds."""
-    t_end = time.perf_counter() + time_limit_s
+    t_end = _now() + time_limit_s
     rows = [memory_row(req, memory_peak(req, start.choice)[1])]
     best = start
     if req.size() <= full_limit:
@@ -294,7 +330,7 @@ def refine(
         return best, status, sol.variables if sol else 0, sol.constraints if sol else 0
     status, nvars, ncons = "FEASIBLE", 0, 0
     for _ in range(MAX_ROUNDS):
-        left = t_end - time.perf_counter()
+        left = t_end - _now()
         if left <= 0.05:
             status = "TIMEOUT"
             break
@@ -326,9 +362,9 @@ def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> 
     best = start
 
     def solve(rows, left):
-        return ilp.solve(req, rows=rows, time_limit_s=left, objective="memory", hint=best.choice)
+        return _solve(req, rows=rows, time_limit_s=left, objective="memory", hint=best.choice)
 
-    for sol, mem in _with_rows(req, rows, solve, time.perf_counter() + time_limit_s):
+    for sol, mem in _with_rows(req, rows, solve, _now() + time_limit_s):
         if mem is not None and mem < best.memory_bytes:
             best = Candidate(sol.choice, req.objective(sol.choice), mem, "least-memory")
     return best
@@ -380,15 +416,31 @@ def plan(
     full_limit: int = FULL_LIMIT,
     refine_shapes: int = REFINE,
     objective: str = "time",
+    deterministic: bool = False,
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
     memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
 
     ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
     per device (ties: the faster), whether or not it fits.
+
+    ``deterministic``: the same plan on every run and machine load. ``time_limit_s`` then
+    counts work, not wall time (CP-SAT's deterministic time, one worker, a fixed seed, and a
+    fixed charge per candidate priced), and tracing is not counted.
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
+    global _CLOCK
+    saved, _CLOCK = _CLOCK, _Clock(deterministic)
+    try:
+        return _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
+                     prune, full_limit, refine_shapes, objective)  # fmt: skip
+    finally:
+        _CLOCK = saved
+
+
+def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress, prune,
+          full_limit, refine_shapes, objective) -> Plan:  # fmt: skip
     t0 = time.perf_counter()
     hw = hardware(hw) if isinstance(hw, str) else hw
     if graph is None:
@@ -400,18 +452,19 @@ def plan(
     donated = donated_inputs(workload, graph)
     st = analyse(graph, share=share, donated=donated)
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
-    deadline = t0 + time_limit_s
+    deadline = (_now() if _CLOCK.deterministic else t0) + time_limit_s
     results: list[ShapeResult] = []
     # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
-    seed_deadline = time.perf_counter() + SEED_SHARE * (deadline - time.perf_counter())
+    seed_deadline = _now() + SEED_SHARE * (deadline - _now())
     for k, shape in enumerate(shapes):
         ts = time.perf_counter()
-        if ts > seed_deadline and results:
+        if _now() > seed_deadline and results:
             note = f"time limit (seeding takes {SEED_SHARE:.0%} of the time limit at most)"
             r = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note=note)
             results.append(r)
             continue
         req = build(st, hw, shape)
+        _CLOCK.charge(_Clock.SHAPE_S)
         sd = seeds(req, limit, deadline, greedy=False)
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
         r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req)
@@ -434,15 +487,15 @@ def plan(
         if r.best.fits(limit) and r.best.step_time_s > prune * best_time:
             r.status, r.note = "SEEDED", f"best seed {r.best.step_time_s / best_time:.2f}x the best"
             continue
-        left = deadline - ts
+        left = deadline - _now()
         if left <= 0.1:
             r.status, r.note = "SEEDED", "time limit"
             continue
         budget = left / (min(len(order), refine_shapes) - k)
-        sd = seeds(r.request, limit, ts + budget / 3)
+        sd = seeds(r.request, limit, _now() + budget / 3)
         r.seeds.update({name: c.step_time_s for name, c in sd.items()})
         start = min(sd.values(), key=lambda c: _score(c, limit))
-        budget = deadline - time.perf_counter()
+        budget = deadline - _now()
         budget /= max(1, min(len(order), refine_shapes) - k)
         best, status, nv, nc = refine(
             r.request, limit, start, list(sd.values()), budget, full_limit
@@ -463,7 +516,7 @@ def plan(
     else:
         # nothing fits: report the layout that needs the least memory, and how much
         win = min((r for r in results if r.best is not None), key=lambda r: r.best.memory_bytes)
-        left = max(5.0, deadline - time.perf_counter())
+        left = max(5.0, deadline - _now())
         win.best = least_memory(win.request, win.best, time_limit_s=left)
         win.least_memory = win.best.memory_bytes
         status = "INFEASIBLE"
@@ -479,7 +532,7 @@ def _least_memory_plan(workload, g, hw, results, limit, deadline, t0, t_trace, s
         r.best = min(r.hand.values(), key=lambda c: (c.memory_bytes, c.step_time_s))
     order = sorted(seeded, key=lambda r: (r.best.memory_bytes, r.best.step_time_s))
     for k, r in enumerate(order[:refine_shapes]):
-        left = deadline - time.perf_counter()
+        left = deadline - _now()
         ts = time.perf_counter()
         if left <= 0.1:
             r.note = "time limit"
@@ -574,6 +627,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         "status": status,
         "wall_s": time.perf_counter() - t0,
         "trace_s": t_trace,
+        "deterministic": _CLOCK.deterministic,
         "variables": win.variables,
         "constraints": win.constraints,
         "nodes": len(win.request.nodes),

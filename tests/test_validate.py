@@ -67,3 +67,14 @@ ENTRY %main (a: f32[8,4]) -> f32[8,4] {
         ("collective-permute", 16, 2, 1),
         ("all-to-all", 128, 4, 1),
     }
+
+
+def test_hlo_group_size_reads_every_replica_group_form():
+    from autolayout.runtime.validate import _group_size
+
+    assert _group_size("x = f32[4] all-reduce(y), replica_groups={{0,1,2,3},{4,5,6,7}}") == 4
+    assert _group_size("x = f32[4] all-reduce(y), replica_groups=[4,2]<=[2,4]T(1,0)") == 2
+    line = ("x = f32[64,16] all-reduce(y), replica_groups=mesh['axis_0'=1,'axis_1'=4,"
+            "'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, use_global_device_ids=true")  # fmt: skip
+    assert _group_size(line) == 4
+    assert _group_size("x = f32[4] all-reduce(y), replica_groups=mesh['a'=2,'b'=4] {'a','b'}") == 8
