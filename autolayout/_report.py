@@ -246,7 +246,8 @@ def _figure(w: float = 7.0, h: float = 4.0):
 
 
 def fig_step_time(plan: Plan, by: str = "layer", top: int = 16):
-    """Horizontal stacked bars per group: compute, then communication per collective kind."""
+    """The step: compute and exposed communication (top); then per group, costliest first,
+    compute and communication per collective kind (before overlap)."""
     df = report_frame(plan)
     coll = plan.collectives()
     groups = report_frame(plan, by).head(top)
@@ -262,10 +263,25 @@ def fig_step_time(plan: Plan, by: str = "layer", top: int = 16):
         for k in parts:
             if k != "compute":
                 parts[k].append(per.get((n, k), 0.0))
+    s = plan.predicted
+    compute, exposed = s.get("compute_s", 0.0), s.get("exposed_comm_s", 0.0)
     peak = max([sum(v) for v in zip(*parts.values(), strict=True)] or [0.0])
+    fig = _figure(7.5, max(3.5, 0.35 * len(names) + 2.3))
+    top_ax, ax = fig.subplots(2, 1, height_ratios=[1, max(2, len(names))])
+    unit, f = _time_unit(compute + exposed)
+    top_ax.barh([0], [compute / f], color=_KIND_COLOURS["compute"], label="compute")
+    top_ax.barh([0], [exposed / f], left=[compute / f], color="#BBBBBB", hatch="//",
+                label="exposed communication")  # fmt: skip
+    top_ax.set_yticks([0], ["whole step"])
+    top_ax.set_xlabel(f"predicted step time ({unit})", fontsize=8)
+    top_ax.set_ylabel("step", fontsize=8)
+    top_ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    top_ax.set_title(
+        f"{plan.model} on {plan.hardware}: step {_seconds(s.get('step_time_s', math.nan))}, "
+        f"exposed comm {_seconds(s.get('exposed_comm_s', math.nan))}",
+        fontsize=10,
+    )
     unit, f = _time_unit(peak)
-    fig = _figure(7.5, max(3.0, 0.35 * len(names) + 1.5))
-    ax = fig.add_subplot()
     y = list(range(len(names)))
     left = [0.0] * len(names)
     for k, vals in parts.items():
@@ -278,12 +294,7 @@ def fig_step_time(plan: Plan, by: str = "layer", top: int = 16):
     ax.invert_yaxis()
     ax.set_xlabel(f"time per step ({unit}, compute and communication before overlap)")
     ax.set_ylabel(by)
-    s = plan.predicted
-    ax.set_title(
-        f"{plan.model} on {plan.hardware}: step {_seconds(s.get('step_time_s', math.nan))}, "
-        f"exposed comm {_seconds(s.get('exposed_comm_s', math.nan))}",
-        fontsize=10,
-    )
+    ax.set_title(f"by {by} (costliest {len(names)})", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     return fig
