@@ -164,6 +164,49 @@ def _better(req: Request, choice: list[int], than: Candidate | None, limit: int,
     return c if _score(c, limit) < _score(than, limit) else None
 
 
+def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
+    """``base`` (DP or FSDP) with expert parallelism: the experts dim split on the trailing
+    mesh axes whose product divides it — in the expert weights and in every op over the
+    experts dim, where the batch keeps the other axes — so the dispatch and combine einsums
+    hand their outputs between a batch split and an experts split (all-to-all). Rules cannot
+    say this (one tensor holds both dims on one axis), so it is a seed of strategies."""
+    g, mesh = req.graph, req.machine.mesh
+    n = g.dims.get("experts", 0)
+    experts: tuple[str, ...] = ()  # the trailing axes: the batch keeps its leading ones, so
+    for a in reversed(list(mesh)):  # moving the rest to the experts is one all-to-all
+        if n % (math.prod(mesh[x] for x in experts) * mesh[a]):
+            break
+        experts = (a, *experts)
+    if not experts:
+        return None
+    rest = tuple(a for a in mesh if a not in experts)
+    st = req.structure
+    choice = list(base)
+    for k, node in enumerate(req.nodes):
+        first = node.members[0]
+        if node.kind == "input":
+            t = g.tensors[first]
+            if "experts" not in t.dims:
+                continue
+            cur = node.strategies[base[k]].assign
+            want = tuple(
+                experts if d == "experts" else tuple(a for a in axes if a not in experts)
+                for d, axes in zip(t.dims, cur, strict=True)
+            )
+        else:
+            groups = st.groups[first]
+            if not any(grp.dim == "experts" for grp in groups):
+                continue
+            want = tuple(
+                experts if grp.dim == "experts" else rest if grp.dim == "batch" else ()
+                for grp in groups
+            )
+        idx = [s for s in node.by_assign.get(want, []) if s not in node.forbidden]
+        if idx:
+            choice[k] = idx[0]
+    return choice
+
+
 def _rule_dims(g: Graph) -> list[str]:
     """Dims the seeds may split: those the inputs carry, largest first."""
     by: dict[str, int] = {}
@@ -200,6 +243,13 @@ def seeds(
         if choice is not None:
             out[name] = _candidate(req, choice, name)
             out[name].rules = dict(rules)  # type: ignore[attr-defined]
+    for base in ("dp", "fsdp"):  # expert parallelism, where there are experts
+        if base in out and "experts" in g.dims:
+            choice = _expert_choice(req, out[base].choice)
+            if choice is not None:
+                c = out[f"expert_{base}"] = _candidate(req, choice, f"expert_{base}")
+                c.rules = dict(out[base].rules)  # type: ignore[attr-defined]
+                c.exact = False  # type: ignore[attr-defined]  # not a rule set
     if not greedy or not out:
         return out
     names = list(mesh)
@@ -564,7 +614,11 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
     best = None
     for r in results:
         for name, c in (r.hand or {}).items():
-            if c.fits(limit) and (best is None or c.step_time_s < best[0].step_time_s):
+            if (
+                getattr(c, "exact", True)
+                and c.fits(limit)
+                and (best is None or c.step_time_s < best[0].step_time_s)
+            ):
                 best = (c, r, name)
     if best is None:
         return None
