@@ -166,9 +166,10 @@ def _better(req: Request, choice: list[int], than: Candidate | None, limit: int,
 
 def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
     """``base`` (DP or FSDP) with expert parallelism: the experts dim split on the trailing
-    mesh axes whose product divides it — in the expert weights and in every op over the
-    experts dim, where the batch keeps the other axes — so the dispatch and combine einsums
-    hand their outputs between a batch split and an experts split (all-to-all). Rules cannot
+    mesh axes whose product divides it — in the expert weights and in the ops over experts
+    but not over tokens (the expert MLP), where the batch keeps the other axes — so what the
+    dispatch einsum makes on the batch split moves to the experts split by an all-to-all,
+    and back for the combine. Rules cannot
     say this (one tensor holds both dims on one axis), so it is a seed of strategies."""
     g, mesh = req.graph, req.machine.mesh
     n = g.dims.get("experts", 0)
@@ -181,6 +182,15 @@ def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
         return None
     rest = tuple(a for a in mesh if a not in experts)
     st = req.structure
+    tokens = set()  # the batch inputs' other dims (seq): ops over them are on the token side
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if (tt.path or "").startswith("batch"):
+            tokens.update(d for d in tt.dims if d is not None)
+    try:
+        tokens.discard(batch_dim(g))
+    except RuleError:
+        pass
     choice = list(base)
     for k, node in enumerate(req.nodes):
         first = node.members[0]
@@ -197,6 +207,8 @@ def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
             groups = st.groups[first]
             if not any(grp.dim == "experts" for grp in groups):
                 continue
+            if any(grp.dim in tokens for grp in groups):
+                continue  # the gate, dispatch and combine stay on the batch split
             want = tuple(
                 experts if grp.dim == "experts" else rest if grp.dim == "batch" else ()
                 for grp in groups
