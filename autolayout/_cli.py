@@ -140,7 +140,9 @@ def _mesh(text: str) -> dict[str, int]:
 def _summary_lines(plan) -> list[str]:
     s = plan.summary()
     gib = 2**30
-    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    from ._plan import mesh_text
+
+    mesh = mesh_text(plan.mesh)
     rules = ", ".join(f"{d} -> {'x'.join(a) or '()'}" for d, a in plan.rules()) or "(none)"
     return [
         f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})",
@@ -397,7 +399,7 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
 
     import jax
 
-    from ._plan import Plan
+    from ._plan import Plan, mesh_text
 
     plan = Plan.load(plan_path)
     procs = num_processes or 1
@@ -412,7 +414,7 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     if coordinator:
         from .runtime.run import init_distributed
 
-        init_distributed(coordinator, num_processes, process_id, local)
+        init_distributed(coordinator, num_processes, process_id)  # CPU devices: set above
     options = {**plan.options, **parse_sets(sets)}
     wl = _workload_for_plan(model, plan, plan_path, options)
     from rich.console import Console
@@ -423,7 +425,7 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     tag = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
     n = len(jax.devices())
     click.echo(
-        f"{tag}{plan.model}: mesh {' x '.join(f'{k}={v}' for k, v in plan.mesh.items())} "
+        f"{tag}{plan.model}: mesh {mesh_text(plan.mesh)} "
         f"on {n} devices ({jax.process_count()} processes, {jax.default_backend()})"
     )
     bar = Progress("steps", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

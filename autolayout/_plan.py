@@ -25,6 +25,11 @@ def _layout_from(x: Any) -> Layout:
     return tuple(tuple(str(a) for a in axes) for axes in x)
 
 
+def mesh_text(mesh: dict[str, int]) -> str:
+    """``{"data": 16, "model": 8}`` -> ``"data=16 x model=8"``."""
+    return " x ".join(f"{k}={v}" for k, v in mesh.items())
+
+
 def partition_spec(layout: Layout):
     """The ``jax.sharding.PartitionSpec`` of a layout."""
     from jax.sharding import PartitionSpec
@@ -171,7 +176,7 @@ class Plan:
 
     def __repr__(self) -> str:
         s = self.predicted
-        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        mesh = mesh_text(self.mesh)
         return (
             f"Plan({self.status}, {self.model} on {self.hardware}, mesh {mesh}, "
             f"step {s.get('step_time_s', float('nan')):.4g} s, mfu {s.get('mfu', float('nan')):.3f})"

@@ -56,20 +56,25 @@ def op_layers(g: Graph) -> dict[str, str]:
     producer: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
     label: list[str] = []
+
+    def latest(op) -> str:  # the layer of the labelled input computed last
+        made = [t for t in op.inputs if t in producer and label[producer[t]]]
+        return label[producer[max(made, key=producer.__getitem__)]] if made else ""
+
+    def reads_optimizer(op) -> bool:
+        return any(t in producer and label[producer[t]] == OPTIMIZER for t in op.inputs)
+
     for i, op in enumerate(g.ops):
         lab = _layer_key(op.name_stack.split("/")) if op.name_stack else ""
         if not lab:
             paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
             roots = [p.split("/", 1)[0] for p in paths]
-            made = [t for t in op.inputs if t in producer]
-            if any("opt" in r for r in roots) or any(label[producer[t]] == OPTIMIZER for t in made):
+            if any("opt" in r for r in roots) or reads_optimizer(op):
                 lab = OPTIMIZER
             elif "params" in roots:
                 lab = _layer_key(paths[roots.index("params")].split("/")[1:])
             else:
-                made = [t for t in made if label[producer[t]]]
-                if made:
-                    lab = label[producer[max(made, key=lambda t: producer[t])]]
+                lab = latest(op)
         label.append(lab)
         for t in op.inputs:
             readers.setdefault(t, []).append(i)
@@ -94,18 +99,14 @@ def op_layers(g: Graph) -> dict[str, str]:
             by_shape.setdefault(key, []).append(_layer_key(path.split("/")[1:]))
     for i in sorted(feeds):
         op = g.ops[i]
-        if any(t in producer and label[producer[t]] == OPTIMIZER for t in op.inputs):
+        if reads_optimizer(op):
             continue
         shapes = {(g.tensors[t].shape, g.tensors[t].dtype) for t in op.outputs}
         real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
         if real and all(x in {s for s, _ in shapes} for x in real):
             continue  # elementwise on a gradient (Adam's square): the optimizer's
         layers = {x for k in shapes for x in by_shape.get(k, [])}
-        label[i] = layers.pop() if len(layers) == 1 else ""
-        if not label[i]:
-            made = [t for t in op.inputs if t in producer and label[producer[t]]]
-            if made:
-                label[i] = label[producer[max(made, key=lambda t: producer[t])]]
+        label[i] = layers.pop() if len(layers) == 1 else latest(op)
     return {op.name: label[i] or OTHER for i, op in enumerate(g.ops)}
 
 
@@ -174,7 +175,9 @@ def top_ops(plan: Plan, n: int = 10):
 def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     """The summary as (label, value) pairs, units written out."""
     s = plan.predicted
-    mesh = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    from ._plan import mesh_text
+
+    mesh = mesh_text(plan.mesh)
     rows = [
         ("model", plan.model),
         ("hardware", f"{plan.hardware} ({plan.devices} devices)"),
@@ -530,20 +533,19 @@ def _layout_text(dims, layout, mesh: dict[str, int]) -> str:
     return ",".join(parts) or "replicated"
 
 
-def _local_bytes(shape, dtype: str, layout, mesh: dict[str, int]) -> int:
-    import numpy as np
-
-    n = math.prod(shape) * np.dtype(dtype).itemsize
-    split = math.prod(mesh.get(a, 1) for axes in layout for a in axes)
-    return n // max(split, 1)
-
-
 def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     """``al.diff(plan_a, plan_b)``: see :class:`PlanDiff`. Both plans must be of one program
     (the same model, options and inputs); their hardware and meshes may differ."""
     import pandas as pd
 
     from ._errors import PlanError
+    from ._ir import Tensor
+    from ._plan import mesh_text
+    from .cost_models.sharding import local_bytes
+
+    def per_device(i, mesh) -> int:
+        t = Tensor(i["path"], tuple(i["shape"]), i["dtype"], tuple(i["dims"]))
+        return local_bytes(t, i["layout"], mesh)
 
     sig_a = [(i["path"], tuple(i["shape"])) for i in a.inputs]
     sig_b = [(i["path"], tuple(i["shape"])) for i in b.inputs]
@@ -559,7 +561,7 @@ def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
         va, vb = float(a.predicted.get(q, math.nan)), float(b.predicted.get(q, math.nan))
         rows.append({"quantity": q, "a": va, "b": vb, "delta": vb - va,
                      "ratio": vb / va if va else math.nan})  # fmt: skip
-    rows.insert(0, {"quantity": "mesh", "a": _mesh_text(a.mesh), "b": _mesh_text(b.mesh),
+    rows.insert(0, {"quantity": "mesh", "a": mesh_text(a.mesh), "b": mesh_text(b.mesh),
                     "delta": "", "ratio": ""})  # fmt: skip
     summary = pd.DataFrame(rows, columns=["quantity", "a", "b", "delta", "ratio"])
     ins = []
@@ -570,8 +572,8 @@ def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
             ins.append({
                 "path": ia["path"], "dims": ",".join(d or "?" for d in ia["dims"]),
                 "layout_a": la, "layout_b": lb,
-                "bytes_a": _local_bytes(ia["shape"], ia["dtype"], ia["layout"], a.mesh),
-                "bytes_b": _local_bytes(ib["shape"], ib["dtype"], ib["layout"], b.mesh),
+                "bytes_a": per_device(ia, a.mesh),
+                "bytes_b": per_device(ib, b.mesh),
             })  # fmt: skip
     inputs = pd.DataFrame(
         ins, columns=["path", "dims", "layout_a", "layout_b", "bytes_a", "bytes_b"]
@@ -591,7 +593,3 @@ def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     layers["delta_s"] = layers.time_s_b - layers.time_s_a
     layers = layers.reindex(layers.delta_s.abs().sort_values(ascending=False).index)
     return PlanDiff(names[0], names[1], summary, inputs, ops, layers)
-
-
-def _mesh_text(mesh: dict[str, int]) -> str:
-    return " x ".join(f"{k}={v}" for k, v in mesh.items())

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import autolayout as al  # noqa: E402
+from autolayout._plan import mesh_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results"
@@ -53,7 +54,7 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96), time_limit_s: float = 120.0) -> pd.
                 "constraints": s["constraints"],
                 "mesh_shapes": len(s["mesh_shapes_tried"]),
                 "status": p.status,
-                "mesh": " x ".join(f"{k}={v}" for k, v in p.mesh.items()),
+                "mesh": mesh_text(p.mesh),
                 "step_time_s": p.predicted["step_time_s"],
                 "fits": bool(p.predicted["fits"]),
                 "time_limit_s": time_limit_s,

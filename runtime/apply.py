@@ -21,7 +21,7 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autolayout._errors import MeshError, PlanError
-from autolayout._plan import Plan, partition_spec
+from autolayout._plan import Plan, mesh_text, partition_spec
 from autolayout._workload import Workload
 
 _INLINE = {
@@ -39,7 +39,7 @@ def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:
     """A ``Mesh`` of the plan's shape over ``devices`` (default: all of ``jax.devices()``)."""
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) != plan.devices:
-        shown = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
+        shown = mesh_text(plan.mesh)
         raise MeshError(
             f"the plan's mesh {shown} needs {plan.devices} devices but {len(devices)} are "
             f"available (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count="

@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from autolayout._errors import MeshError, PlanError, WorkloadError
-from autolayout._plan import Plan
+from autolayout._errors import MeshError, WorkloadError
+from autolayout._plan import Plan, mesh_text
 from autolayout._workload import Workload, path_str
 
 
@@ -91,9 +91,10 @@ def rescale(plan: Plan, n: int) -> tuple[dict[str, int], str]:
         g = math.gcd(mesh[axis], left)
         p = next(k for k in range(2, g + 1) if g % k == 0)
         mesh[axis] //= p
-    old = " x ".join(f"{k}={v}" for k, v in plan.mesh.items())
-    new = " x ".join(f"{k}={v}" for k, v in mesh.items())
-    return mesh, f"rescaled the mesh {old} ({total} devices) to {new} ({n} devices), same rules"
+    return mesh, (
+        f"rescaled the mesh {mesh_text(plan.mesh)} ({total} devices) to {mesh_text(mesh)} "
+        f"({n} devices), same rules"
+    )
 
 
 def local_profile(devices: Sequence[Any]) -> str | None:
@@ -117,6 +118,24 @@ def local_profile(devices: Sequence[Any]) -> str | None:
     return name
 
 
+def _require_init(workload: Workload) -> None:
+    if workload.init_state is None or workload.batches is None:
+        raise WorkloadError(
+            f"workload {workload.name!r} has no init_state/batches: `autolayout run` needs "
+            "init_state(key) -> donated arguments and batches(step, seed) -> the others"
+        )
+
+
+def _args_from_state(workload: Workload, state) -> tuple[list[Any], tuple[int, ...]]:
+    """The step's argument list with the donated positions filled from ``state``, and the
+    other (per-step data) positions."""
+    donated = tuple(workload.donate_argnums)
+    args: list[Any] = [None] * len(workload.args)
+    for i, s in zip(donated, state, strict=True):
+        args[i] = s
+    return args, tuple(i for i in range(len(workload.args)) if i not in donated)
+
+
 def _global_array(x: Any, sharding) -> jax.Array:
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
@@ -134,14 +153,25 @@ def run(
 ) -> RunResult:
     """Runs ``steps`` steps of ``workload`` laid out as ``plan`` on ``devices`` (default:
     every device of every process)."""
+    from jax.sharding import NamedSharding
+
     from autolayout._evaluate import evaluate
     from autolayout._hardware import hardware
+    from autolayout._plan import partition_spec
     from autolayout._trace import trace
 
-    from .apply import apply, check_inputs
+    from .apply import apply, check_inputs, make_mesh
 
     if steps < 1:
         raise WorkloadError(f"--steps must be at least 1, got {steps}")
+    _require_init(workload)
+    graphs: list[Any] = [plan.graph] if plan.graph is not None else []
+
+    def graph():  # traced once, when first needed
+        if not graphs:
+            graphs.append(trace(workload))
+        return graphs[0]
+
     devices = list(jax.devices() if devices is None else devices)
     notes: list[str] = []
     flat, treedef = jax.tree_util.tree_flatten_with_path(workload.args)
@@ -159,30 +189,15 @@ def run(
         notes.append(note)
         if local is None:
             raise MeshError("--rescale needs a hardware profile for these devices; none ships")
-        graph = plan.graph if plan.graph is not None else trace(workload)
-        plan = evaluate(workload, hardware(local), mesh=mesh, rules=plan.rules(), graph=graph)
-    if workload.init_state is None or workload.batches is None:
-        raise WorkloadError(
-            f"workload {workload.name!r} has no init_state/batches: `autolayout run` needs "
-            "init_state(key) -> donated arguments and batches(step, seed) -> the others"
-        )
+        plan = evaluate(workload, hardware(local), mesh=mesh, rules=plan.rules(), graph=graph())
     step_fn = apply(plan, workload.fn, devices, workload=workload)
-    from .apply import make_mesh
-
     mesh = make_mesh(plan, devices)
-    from jax.sharding import NamedSharding
-
-    from autolayout._plan import partition_spec
-
     shardings = [NamedSharding(mesh, partition_spec(i["layout"])) for i in plan.inputs]
     tree = jax.tree_util.tree_unflatten(treedef, shardings)
     donated = tuple(workload.donate_argnums)
-    others = tuple(i for i in range(len(workload.args)) if i not in donated)
     state_out = tuple(tree[i] for i in donated)
     state = jax.jit(workload.init_state, out_shardings=state_out)(jax.random.key(seed))
-    args: list[Any] = [None] * len(workload.args)
-    for i, s in zip(donated, state, strict=True):
-        args[i] = s
+    args, others = _args_from_state(workload, state)
 
     def feed(step: int) -> None:
         data = workload.batches(step, seed)
@@ -213,9 +228,8 @@ def run(
         if local == plan.hardware:
             predicted = plan.predicted["step_time_s"]
         else:
-            graph = plan.graph if plan.graph is not None else trace(workload)
             here = evaluate(workload, hardware(local), mesh=plan.mesh, rules=plan.rules(),
-                            graph=graph)  # fmt: skip
+                            graph=graph())  # fmt: skip
             predicted = here.predicted["step_time_s"]
             notes.append(
                 f"predicted on {local} for the plan's rules (the plan is for {plan.hardware})"
@@ -226,16 +240,12 @@ def run(
 def reference_losses(workload: Workload, *, steps: int, seed: int = 0) -> list[float]:
     """The same steps through plain ``jax.jit(workload.fn)`` on one device: the losses a
     laid-out run must reproduce."""
-    if workload.init_state is None or workload.batches is None:
-        raise PlanError(f"workload {workload.name!r} has no init_state/batches")
+    _require_init(workload)
     dev = jax.local_devices()[0]
     state = jax.jit(workload.init_state)(jax.random.key(seed))
     donated = tuple(workload.donate_argnums)
-    others = tuple(i for i in range(len(workload.args)) if i not in donated)
     fn = jax.jit(workload.fn, donate_argnums=donated)
-    args: list[Any] = [None] * len(workload.args)
-    for i, s in zip(donated, state, strict=True):
-        args[i] = s
+    args, others = _args_from_state(workload, state)
     losses = []
     for step in range(steps):
         data = workload.batches(step, seed)

@@ -37,7 +37,7 @@ from autolayout._evaluate import (
 )
 from autolayout._hardware import Hardware, hardware
 from autolayout._ir import Graph
-from autolayout._plan import Plan
+from autolayout._plan import Plan, mesh_text
 from autolayout._workload import Workload
 
 from . import ilp
@@ -775,7 +775,7 @@ def compare(
         rows.append(
             {
                 "layout": name,
-                "mesh": " x ".join(f"{k}={v}" for k, v in p.mesh.items()),
+                "mesh": mesh_text(p.mesh),
                 "status": p.status,
                 "step_time_s": s["step_time_s"],
                 "compute_s": s["compute_s"],
