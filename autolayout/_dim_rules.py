@@ -156,6 +156,8 @@ def _conv(b, eqn, ins, outs):
                 "lhs": la,
                 "rhs": ra,
                 "out": oa,
+                "lhs_size": ls[la],
+                "out_size": os_[oa],
                 "window": rs[ra],
                 "stride": p["window_strides"][i],
                 "padding": tuple(p["padding"][i]),

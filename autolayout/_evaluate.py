@@ -88,9 +88,17 @@ class RuleSet:
                     carried.setdefault(d, g.tensors[t])
         self.axes: dict[str, tuple[str, ...]] = {}
         self.priority: dict[str, int] = {}
+        for t in g.tensors.values():  # dims the model named inside the step (al.name_dims)
+            for d in t.dims:
+                if d is not None and "#" not in d and ":" not in d:
+                    carried.setdefault(d, t)
         for k, (dim, axes) in enumerate(self.rules):
             if dim not in carried:
-                where = "no input carries it" if dim in g.dims else "the workload has no such dim"
+                where = (
+                    "no input carries it and it is an inferred name (al.name_dims names one)"
+                    if dim in g.dims
+                    else "the workload has no such dim"
+                )
                 raise RuleError(
                     f"rule {dim!r} -> {'x'.join(axes) or '()'}: {where}{_close(dim, list(carried))}"
                 )

@@ -26,6 +26,7 @@ all-to-all, adding one a free local slice. This is Mesh-TF's einsum lowering
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -98,7 +99,7 @@ class Comm:
     bytes: int
     time_s: float
     tensor: str
-    why: str  # "reshard" | "partial"
+    why: str  # "reshard" | "partial" | "halo"
 
 
 @dataclass
@@ -140,23 +141,29 @@ def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
 
     Per tensor axis, the mesh axes the two layouts share as a prefix stay. Of the others, a
     mesh axis ``dst`` puts on another tensor axis moves there by an all-to-all; the rest are
-    dropped by one all-gather over all of them. Splits ``dst`` adds are local slices, taken
-    first (they shrink what moves); an axis whose order changes is gathered and sliced again.
+    dropped by all-gathers, one per tensor axis, the last axis first (as XLA's partitioner
+    does: gathering ``[a, b]`` to whole is ``b`` then ``a``). Splits ``dst`` adds are local
+    slices, taken first (they shrink what moves); an axis whose order changes is gathered and
+    sliced again.
     """
     if src == dst:
         return []
     mesh = m.mesh
     dpos = _axis_positions(dst)
     cur: list[list[str]] = []
-    moved: list[str] = []
-    gathered: list[str] = []
+    moved: dict[tuple[int, int], list[str]] = {}  # (from, to tensor axis) -> mesh axes
+    gathered: list[list[str]] = []  # per tensor axis
     for i, (s, d) in enumerate(zip(src, dst, strict=True)):
         k = 0
         while k < len(s) and k < len(d) and s[k] == d[k]:
             k += 1
         cur.append(list(s[:k]))
+        gathered.append([])
         for a in s[k:]:
-            (moved if a in dpos and dpos[a] != i else gathered).append(a)
+            if a in dpos and dpos[a] != i:
+                moved.setdefault((i, dpos[a]), []).append(a)
+            else:
+                gathered[i].append(a)
     busy = {a for axes in src for a in axes}
     for j, d in enumerate(dst):  # 1. free slices on mesh axes src does not use
         cur[j] += [a for a in d if a not in busy]
@@ -165,11 +172,15 @@ def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
         return t.nbytes // split_factor(tuple(a for axes in cur for a in axes) + extra, mesh)
 
     out: list[Comm] = []
-    for a in moved:  # 2. all-to-all: the local size stays what it is
-        out.append(m.comm("all-to-all", (a,), nbytes((a,)), t.name, "reshard"))
-        cur[dpos[a]].append(a)
-    if gathered:  # 3. one all-gather; what it drops but dst wants is sliced again after
-        out.append(m.comm("all-gather", tuple(gathered), nbytes(), t.name, "reshard"))
+    waiting = tuple(a for axes in gathered for a in axes)
+    local = nbytes(tuple(a for axes in moved.values() for a in axes) + waiting)
+    for (_, j), axes in moved.items():  # 2. all-to-all, one per pair of tensor axes (over all
+        out.append(m.comm("all-to-all", tuple(axes), local, t.name, "reshard"))  # the mesh
+        cur[j] += axes  # axes that move between them); the local size stays what it is
+    for axes in reversed(gathered):  # 3. all-gathers, the last tensor axis first; what they
+        if axes:  # drop but dst wants is sliced again after
+            waiting = waiting[: len(waiting) - len(axes)]
+            out.append(m.comm("all-gather", tuple(axes), nbytes(waiting), t.name, "reshard"))
     return out
 
 
@@ -225,13 +236,157 @@ def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
     elif p == "rev":
         fixed.update((ins[0], a) for a in op.param("reversed_axes", ()))
     elif p == "conv_general_dilated":
-        for sp in op.param("spatial", ()):
-            s = dict(sp)
-            fixed.update({(ins[0], s["lhs"]), (ins[1], s["rhs"]), (op.outputs[0], s["out"])})
+        for s, form in conv_spatial(op):
+            if form is None:  # a window XLA cannot halo-exchange: whole
+                fixed.update({(ins[0], s["lhs"]), (ins[1], s["rhs"]), (op.outputs[0], s["out"])})
+            elif form == "forward":  # the kernel's window axis stays whole
+                fixed.add((ins[1], s["rhs"]))
+            else:  # "kernel": the weight gradient's window axis stays whole
+                fixed.add((op.outputs[0], s["out"]))
     elif p == "dynamic_update_slice":
         op_shape, up_shape = g.tensors[ins[0]].shape, g.tensors[ins[1]].shape
         fixed.update((ins[0], a) for a in range(len(op_shape)) if op_shape[a] != up_shape[a])
     return fixed
+
+
+# --- convolutions split along space: halo exchange ----------------------------------------------
+
+
+def conv_spatial(op: Op) -> list[tuple[dict, str | None]]:
+    """Each spatial dim of a conv with how it splits (Hou et al. 2019, spatial partitioning):
+
+    * ``"forward"``: the input and the output split alike and each device first fetches the
+      input planes its output windows reach beyond its block from its neighbours (a halo);
+      a forward conv, strided or transposed (input-dilated), and the input gradient;
+    * ``"kernel"``: the weight gradient (the output is the kernel window): the input and the
+      output gradient split alike, each device sums its part (a partial sum) after fetching
+      the input's halo;
+    * ``None``: whole (a dilated input in the weight gradient's form — the transposed conv's
+      weight gradient, which XLA's partitioner gathers — or a window larger than both sides).
+    """
+    out = []
+    for sp in op.param("spatial", ()):
+        s = dict(sp)
+        n, o = s["lhs_size"], s["out_size"]
+        pairing = s["pairing"]
+        if pairing == "out":
+            form = "forward"
+        elif pairing == "kernel":
+            form = "kernel" if s["lhs_dilation"] == 1 else None
+        elif s["window"] < min(n, o):
+            form = "forward"
+        elif o < min(n, s["window"]) and s["lhs_dilation"] == 1:
+            form = "kernel"
+        else:
+            form = None
+        out.append((s, form))
+    return out
+
+
+def _conv_joins(g: Graph, op: Op) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """The spatial axes a conv splits together that its links do not equate (sizes differ:
+    a strided or transposed conv's input and output, a strided conv's weight gradient)."""
+    lhs, rhs = op.inputs[:2]
+    joins = []
+    for s, form in conv_spatial(op):
+        if form == "forward":
+            joins.append(((lhs, s["lhs"]), (op.outputs[0], s["out"])))
+        elif form == "kernel":
+            joins.append(((lhs, s["lhs"]), (rhs, s["rhs"])))
+    return joins
+
+
+@dataclass(frozen=True, slots=True)
+class Halo:
+    """One spatial dim of a conv split in ``parts``: the input elements a device fetches
+    beyond its block on each side, and the (position, tap) pairs of the dim the local conv
+    computes (each device runs the same program on its block widened by the halo, padded
+    with zeros at the edges) against the pairs of the whole conv."""
+
+    left: int
+    right: int
+    local_pairs: int
+    pairs: int
+
+
+@functools.lru_cache(maxsize=4096)
+def halo(
+    n: int, span: int, taps: int, stride: int, dil: int, lo: int, lhs_dil: int, parts: int
+) -> Halo | None:
+    """The halo of a block of ``n // parts`` input elements.
+
+    Position ``i`` of the split side (``span`` positions: the output of a forward conv, the
+    output gradient of a weight gradient) with tap ``j`` (of ``taps``) reads the input-dilated
+    position ``i*stride + j*dil - lo``; padding and dilation holes are not fetched. ``None``
+    when a block reaches past its neighbours (XLA then gathers instead)."""
+    if n % parts or span % parts:
+        return None
+    bn, bs = n // parts, span // parts
+    left = right = pairs = 0
+    reads = []  # per block: (position in the block, input element) pairs
+    for b in range(parts):
+        need = [
+            q // lhs_dil
+            for i in range(b * bs, (b + 1) * bs)
+            for j in range(taps)
+            if (q := i * stride + j * dil - lo) % lhs_dil == 0
+        ]
+        reads.append(need)
+        real = [e for e in need if 0 <= e < n]
+        pairs += len(real)
+        if real:
+            left = max(left, b * bn - min(real))
+            right = max(right, max(real) - ((b + 1) * bn - 1))
+    if left > bn or right > bn:
+        return None
+    local = max(
+        sum(b * bn - left <= e < (b + 1) * bn + right for e in need) for b, need in enumerate(reads)
+    )
+    return Halo(left, right, local, pairs)
+
+
+def conv_split(
+    m: Machine, g: Graph, op: Op, groups: list[Group], assign: list[tuple[str, ...]],
+    wanted: dict[str, Layout],
+) -> tuple[list[Comm], float]:  # fmt: skip
+    """A conv split along space: the collective-permutes of its halo exchange, and the factor
+    on its local FLOPs (the zero padding at the edges is computed, as XLA's partitioner does).
+
+    Per split spatial dim of the input, one permute per side that needs planes, ``halo x
+    plane`` bytes, where a plane is the local input over the dim's other axes widened by the
+    halos already exchanged (XLA exchanges the dims in order, so the second carries the
+    first one's corners). A halo that reaches past the neighbours gathers the input instead."""
+    if op.primitive != "conv_general_dilated":
+        return [], 1.0
+    lhs = op.inputs[0]
+    t = g.tensors[lhs]
+    axes_of = {mem: a for grp, a in zip(groups, assign, strict=True) for mem in grp.members}
+    local = list(local_shape(t.shape, wanted[lhs], m.mesh))
+    out: list[Comm] = []
+    factor = 1.0
+    for s, form in conv_spatial(op):
+        axes = axes_of.get((lhs, s["lhs"]), ())
+        parts = split_factor(axes, m.mesh)
+        if form is None or parts == 1:
+            continue
+        if form == "forward":
+            span, taps, stride, dil = s["out_size"], s["window"], s["stride"], s["rhs_dilation"]
+        else:  # weight gradient: the output gradient is the kernel, the window the output
+            span, taps, stride, dil = s["window"], s["out_size"], s["rhs_dilation"], s["stride"]
+        h = halo(s["lhs_size"], span, taps, stride, dil, s["padding"][0], s["lhs_dilation"], parts)
+        a = s["lhs"]
+        plane = t.nbytes // t.size * math.prod(local) // local[a]
+        if h is None:
+            out.append(m.comm("all-gather", axes, plane * t.shape[a], t.name, "halo"))
+            local[a] = t.shape[a]
+            continue
+        for side in (h.left, h.right):
+            if side:
+                out.append(m.comm("collective-permute", axes, plane * side, t.name, "halo"))
+        local[a] += h.left + h.right
+        if h.pairs:
+            factor *= parts * h.local_pairs / h.pairs
+    return out, factor
 
 
 def op_groups(g: Graph, op: Op) -> list[Group]:
@@ -246,7 +401,10 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
             k = parent[k]
         return k
 
-    for link in op.links:
+    links = list(op.links)
+    if op.primitive == "conv_general_dilated":
+        links += _conv_joins(g, op)
+    for link in links:
         live = [k for k in link if k in parent]
         for k in live[1:]:
             parent[find(k)] = find(live[0])
@@ -413,10 +571,12 @@ def op_cost(
                 continue
             resharded.add(key)
         comms += reshard(m, g.tensors[t], layouts[t], wanted[t])
+    halo_comms, halo_flops = conv_split(m, g, op, groups, assign, wanted)
+    comms += halo_comms
     for t in op.outputs:
         comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
     split = math.prod(split_factor(a, m.mesh) for a in assign)
-    flops = op.flops / split
+    flops = op.flops / split * halo_flops
     if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS or (fused and op.name in fused):
         nbytes = 0.0
     else:

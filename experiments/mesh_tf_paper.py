@@ -1,7 +1,8 @@
 """The Mesh-TensorFlow paper's Transformer LM layouts beside the planner's, on TPU v2 and v3.
 
     python experiments/mesh_tf_paper.py 15      # 15 s per search; writes results/mesh_tf_paper.{csv,png}
-    python experiments/mesh_tf_paper.py --plot  # redraws the PNG from the CSV
+    python experiments/mesh_tf_paper.py --enfr 30  # the En-Fr rows: results/mesh_tf_enfr.csv
+    python experiments/mesh_tf_paper.py --plot  # redraws the PNG from the CSVs
 
 Configs (Shazeer et al. 2018, the language-model experiments): 6 layers, d_model 1024,
 d_kv 256, batch 256, sequence 256, vocabulary 32768, d_ff = 8192 * 2^k and heads = 8 * 2^k
@@ -11,6 +12,16 @@ chips (2 cores each), so a core mesh runs on half as many chips with its model a
 halved (batch:32 -> batch:16 on 16 chips), or its batch axis where there is no model axis.
 Which mesh goes with which k (two sizes per mesh, the largest on 512 cores) is this
 script's reading of the paper, not checked row by row against its table.
+
+The En-Fr Transformer (``--enfr``): the Mesh-TF README's scaling figure reports about 2,570
+TFLOP/s splitting the model and about 2,330 TFLOP/s splitting data on 512 TPU-v2 cores. Its
+configs here are the 512-core ones of ``mtf_transformer_paper_tr`` (tensor2tensor's
+``mtf_transformer.py``: 6 + 6 layers, d_model 1024, d_kv 128, sequence 256, 32k vocabulary,
+d_ff = 4096 * 2^k, heads = 8 * 2^k): model splitting ``paper_tr_6_mesh_64_8`` (k = 6,
+batch 128, ``model:64;batch:8``) and data splitting ``paper_tr_0_mesh_512`` (k = 0, batch
+2048, ``batch:512``), on the example T5 (``models/t5.py``: shared embeddings, Adam where the
+paper used Adafactor). That these two configs are the README figure's is this script's
+reading.
 
 Per row: the paper's layout (batch on the batch axis; d_ff, heads and vocab on the model
 axis) priced by the cost model, and the planner's own plan on the same chips; both step
@@ -55,6 +66,38 @@ def on_chips(mesh: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in out.items() if v > 1} or {"batch": 1}
 
 
+def paper_vs_plan(wl: al.Workload, hw: al.Hardware, cores: dict[str, int], time_limit_s: float):
+    """The paper's layout on ``cores`` (mapped onto chips) priced, and the planner's plan on
+    the same chips: the row fields both tables share."""
+    g = al.trace(wl)
+    params = sum(g.tensors[t].size for t in g.inputs if g.tensors[t].path.startswith("params/"))
+    mesh = on_chips(cores)
+    rules = {d: a for d, a in RULES.items() if a in mesh}
+    paper = al.evaluate(wl, hw, mesh=mesh, rules=rules, graph=g)
+    t0 = time.perf_counter()
+    auto = al.plan(wl, hw, time_limit_s=time_limit_s, graph=g)
+    wall = time.perf_counter() - t0
+    flops = paper.predicted["model_flops"]
+    return {
+        "params_b": params / 1e9,
+        "paper_mesh_cores": " x ".join(f"{a}:{s}" for a, s in cores.items()),
+        "paper_mesh_chips": " x ".join(f"{a}:{s}" for a, s in mesh.items()),
+        "paper_step_s": paper.predicted["step_time_s"],
+        "paper_tflops": flops / paper.predicted["step_time_s"] / 1e12,
+        "paper_fits": bool(paper.predicted["fits"]),
+        "paper_memory_gib": paper.predicted["memory_bytes_per_device"] / 2**30,
+        "plan_mesh": " x ".join(f"{a}:{s}" for a, s in auto.mesh.items()),
+        "plan_rules": "; ".join(f"{d}->{'x'.join(a)}" for d, a in auto.rules()),
+        "plan_status": auto.status,
+        "plan_step_s": auto.predicted["step_time_s"],
+        "plan_tflops": flops / auto.predicted["step_time_s"] / 1e12,
+        "plan_fits": bool(auto.predicted["fits"]),
+        "plan_memory_gib": auto.predicted["memory_bytes_per_device"] / 2**30,
+        "speedup": paper.predicted["step_time_s"] / auto.predicted["step_time_s"],
+        "plan_wall_s": wall,
+    }
+
+
 def main(time_limit_s: float = 15.0) -> pd.DataFrame:
     OUT.mkdir(exist_ok=True)
     rows = []
@@ -67,44 +110,18 @@ def main(time_limit_s: float = 15.0) -> pd.DataFrame:
                 head_dim=256, heads=int(8 * 2**k), d_ff=int(8192 * 2**k), vocab=32768,
                 seq=256, batch=256, dtype="bfloat16",
             )  # fmt: skip
-            g = al.trace(wl)
-            params = sum(
-                g.tensors[t].size for t in g.inputs if g.tensors[t].path.startswith("params/")
-            )
-            mesh = on_chips(cores)
-            rules = {d: a for d, a in RULES.items() if a in mesh}
-            paper = al.evaluate(wl, hw, mesh=mesh, rules=rules, graph=g)
-            t0 = time.perf_counter()
-            auto = al.plan(wl, hw, time_limit_s=time_limit_s, graph=g)
-            wall = time.perf_counter() - t0
-            flops = paper.predicted["model_flops"]
             row = {
                 "hardware": hw.name,
                 "k": k,
                 "d_ff": int(8192 * 2**k),
                 "heads": int(8 * 2**k),
-                "params_b": params / 1e9,
                 "cores": n,
                 "chips": hw.num_devices,
-                "paper_mesh_cores": " x ".join(f"{a}:{s}" for a, s in cores.items()),
-                "paper_mesh_chips": " x ".join(f"{a}:{s}" for a, s in on_chips(cores).items()),
-                "paper_step_s": paper.predicted["step_time_s"],
-                "paper_tflops": flops / paper.predicted["step_time_s"] / 1e12,
-                "paper_fits": bool(paper.predicted["fits"]),
-                "paper_memory_gib": paper.predicted["memory_bytes_per_device"] / 2**30,
-                "plan_mesh": " x ".join(f"{a}:{s}" for a, s in auto.mesh.items()),
-                "plan_rules": "; ".join(f"{d}->{'x'.join(a)}" for d, a in auto.rules()),
-                "plan_status": auto.status,
-                "plan_step_s": auto.predicted["step_time_s"],
-                "plan_tflops": flops / auto.predicted["step_time_s"] / 1e12,
-                "plan_fits": bool(auto.predicted["fits"]),
-                "plan_memory_gib": auto.predicted["memory_bytes_per_device"] / 2**30,
-                "speedup": paper.predicted["step_time_s"] / auto.predicted["step_time_s"],
-                "plan_wall_s": wall,
+                **paper_vs_plan(wl, hw, cores, time_limit_s),
             }
             rows.append(row)
             print(
-                f"{hw.name:<12} k={k:>2} {params / 1e9:5.2f}B  paper {row['paper_mesh_chips']:<18}"
+                f"{hw.name:<12} k={k:>2} {row['params_b']:5.2f}B  paper {row['paper_mesh_chips']:<18}"
                 f" {row['paper_tflops']:7.1f} TFLOP/s{'' if row['paper_fits'] else ' (no fit)'}"
                 f"   plan {row['plan_mesh']:<22} {row['plan_tflops']:7.1f} TFLOP/s  "
                 f"x{row['speedup']:.2f}",
@@ -116,9 +133,52 @@ def main(time_limit_s: float = 15.0) -> pd.DataFrame:
     return df
 
 
+# the Mesh-TF README's En-Fr figures on 512 TPU-v2 cores: (name, k, batch, core mesh, TFLOP/s)
+EN_FR = (
+    ("model splitting", 6, 128, {"model": 64, "batch": 8}, 2570.0),
+    ("data splitting", 0, 2048, {"batch": 512}, 2330.0),
+)
+
+
+def en_fr(time_limit_s: float = 30.0) -> pd.DataFrame:
+    """The En-Fr Transformer's two 512-core cases: paper layout and plan, beside the README."""
+    rows = []
+    hw = al.hardware("tpu-v2-512")
+    for name, k, batch, cores, reported in EN_FR:
+        wl = al.load_workload(
+            ROOT / "models" / "t5.py", size="base", layers=6, d_model=1024, head_dim=128,
+            heads=int(8 * 2**k), d_ff=int(4096 * 2**k), vocab=32768, enc_seq=256, dec_seq=256,
+            batch=batch, dtype="bfloat16",
+        )  # fmt: skip
+        row = {
+            "case": name,
+            "k": k,
+            "batch": batch,
+            "reported_tflops": reported,
+            **paper_vs_plan(wl, hw, cores, time_limit_s),
+        }
+        rows.append(row)
+        print(
+            f"En-Fr {name:<16} {row['params_b']:5.2f}B  reported {reported:6.0f} TFLOP/s   paper "
+            f"layout predicted {row['paper_tflops']:6.0f}{'' if row['paper_fits'] else ' (no fit)'}"
+            f"   plan {row['plan_mesh']} {row['plan_tflops']:6.0f}",
+            flush=True,
+        )
+    df = pd.DataFrame(rows)
+    df.to_csv(OUT / "mesh_tf_enfr.csv", index=False)
+    return df
+
+
 def plot(df: pd.DataFrame) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (hw, d) in zip(axes, df.groupby(df.hardware.str.rsplit("-", n=1).str[0]), strict=False):
+    enfr = OUT / "mesh_tf_enfr.csv"
+    extra = pd.read_csv(enfr) if enfr.exists() else None
+    fig, axes = plt.subplots(
+        1, 3 if extra is not None else 2, figsize=(15 if extra is not None else 11, 4),
+        gridspec_kw={"width_ratios": [7, 7, 3] if extra is not None else [1, 1]},
+    )  # fmt: skip
+    for ax, (hw, d) in zip(
+        axes[:2], df.groupby(df.hardware.str.rsplit("-", n=1).str[0]), strict=False
+    ):
         x = range(len(d))
         ax.bar([i - 0.2 for i in x], d.paper_tflops, 0.4, label="paper's layout (priced)")
         ax.bar([i + 0.2 for i in x], d.plan_tflops, 0.4, label="planner")
@@ -137,14 +197,34 @@ def plot(df: pd.DataFrame) -> None:
         ax.set_title(f"{hw} (approximate profile)")
         ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
+    if extra is not None:
+        ax = axes[2]
+        x = range(len(extra))
+        ax.bar([i - 0.27 for i in x], extra.reported_tflops, 0.27, color="0.4",
+               label="Mesh-TF README (measured, 2018)")  # fmt: skip
+        ax.bar([i for i in x], extra.paper_tflops, 0.27, label="paper's layout (priced)")
+        ax.bar([i + 0.27 for i in x], extra.plan_tflops, 0.27, label="planner")
+        ax.set_xticks(
+            list(x),
+            [f"{c}\n{p:.1f}B" for c, p in zip(extra.case, extra.params_b, strict=True)],
+            fontsize=7,
+        )
+        ax.set_title("En-Fr Transformer, 512 v2 cores")
+        ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=6)
     axes[0].set_ylabel("predicted TFLOP/s (model FLOPs, whole slice)")
+    axes[1].sharey(axes[0])
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(OUT / "mesh_tf_paper.png", dpi=120)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--plot"]:  # redraw from the committed CSV
+    if sys.argv[1:] == ["--plot"]:  # redraw from the committed CSVs
+        plot(pd.read_csv(OUT / "mesh_tf_paper.csv"))
+    elif sys.argv[1:2] == ["--enfr"]:
+        en_fr(float(sys.argv[2]) if len(sys.argv) > 2 else 30.0)
         plot(pd.read_csv(OUT / "mesh_tf_paper.csv"))
     else:
         main(float(sys.argv[1]) if len(sys.argv) > 1 else 15.0)

@@ -5,7 +5,8 @@
 For each example model at a realistic width (depth reduced where the layers are unrolled, so
 that the run stays short; GPT is the full 24-layer stack through ``lax.scan``, rematerialised as one trains it) and each of
 five hardware profiles, one row: the plan's predicted step time, the best hand layout (DP,
-FSDP, Megatron, 2-D, Megatron+FSDP) that fits in memory, and each hand layout's step time.
+FSDP, Megatron, 2-D, Megatron+FSDP, and spatial partitioning for the U-Net) that fits in
+memory, and each hand layout's step time. ``unet3d-b1`` is the U-Net at batch 1 on 256^3.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import autolayout as al  # noqa: E402
+from autolayout.search.baselines import NAMES  # noqa: E402
 from autolayout.search.planner import compare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -32,16 +34,18 @@ MODELS = {
     "moe": dict(size="base", layers=2),
     "t5": dict(size="large", layers=2),
     "unet3d": dict(size="128", batch=8, dtype="bfloat16"),
+    # batch 1 on 256^3 volumes: only spatial partitioning carries the mesh
+    "unet3d-b1": dict(size="256", dtype="bfloat16"),
 }
 HARDWARE = ("tpu-v4-256", "tpu-v5p-128", "tpu-v5e-256", "h100-64", "a100-80gb-256")
-HAND = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp")
+HAND = NAMES  # dp, fsdp, megatron, 2d, megatron_fsdp, spatial (where the step has convs)
 
 
 def main(time_limit_s: float = 20.0) -> pd.DataFrame:
     OUT.mkdir(exist_ok=True)
     rows = []
     for model, opts in MODELS.items():
-        wl = al.load_workload(ROOT / "models" / f"{model}.py", **opts)
+        wl = al.load_workload(ROOT / "models" / f"{model.split('-')[0]}.py", **opts)
         g = al.trace(wl)
         for hw in HARDWARE:
             t0 = time.perf_counter()

@@ -7,6 +7,9 @@
   ``d_ff`` and the vocabulary split; two all-reduces per layer forward and backward.
 * ``2d``: Megatron tensor parallelism on a ``model`` axis, data parallelism on ``data``.
 * ``megatron_fsdp``: Megatron on ``model``, FSDP on ``fsdp``.
+* ``spatial``: spatial partitioning (Mesh-TF; Hou et al. 2019), only where the step has
+  convolutions: the volume's spatial dims split over up to three mesh axes named after them,
+  halos exchanged with the neighbours around every conv.
 
 Tensor-parallel dims are ``heads``, ``d_ff`` and ``vocab`` where the workload has them (the
 names of ``experiments/models``); elsewhere the parameter dim that holds the most bytes. The
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from autolayout._errors import RuleError
 from autolayout._ir import Graph
 
-NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp")
+NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "spatial")
 TP_DIMS = ("heads", "d_ff", "vocab")
 
 
@@ -55,7 +58,51 @@ def tp_dims(g: Graph, model_dims: Sequence[str] | None = None, devices: int = 1)
     if model_dims is not None:
         return list(model_dims)
     named = [d for d in TP_DIMS if d in g.dims]
-    return named or _param_dims(g, batch_dim(g), devices)[:1]
+    try:
+        batch = batch_dim(g)
+    except RuleError:  # batch 1
+        batch = ""
+    return named or _param_dims(g, batch, devices)[:1]
+
+
+def spatial_dims(g: Graph) -> list[list[str]]:
+    """Per spatial position of the convs (depth, height, width of ``NDHWC``), the named dims
+    their inputs and outputs carry there where the conv can be split with a halo exchange.
+    Empty when the step has no such conv."""
+    from autolayout.cost_models.sharding import conv_spatial
+
+    slots: list[list[str]] = []
+    for op in g.ops:
+        if op.primitive != "conv_general_dilated":
+            continue
+        for i, (s, form) in enumerate(conv_spatial(op)):
+            if form != "forward":
+                continue
+            while len(slots) <= i:
+                slots.append([])
+            for t, a in ((op.inputs[0], s["lhs"]), (op.outputs[0], s["out"])):
+                d = g.tensors[t].dims[a]
+                if d is not None and "#" not in d and ":" not in d and d not in slots[i]:
+                    slots[i].append(d)
+    return [sl for sl in slots if sl]
+
+
+def _spatial_mesh(g: Graph, slots: list[list[str]], devices: int) -> dict[str, int] | None:
+    """``devices`` factored over the spatial slots as evenly as each slot's dims divide."""
+    sizes = [1] * len(slots)
+    n, primes, p = devices, [], 2
+    while n > 1:
+        while n % p == 0:
+            primes.append(p)
+            n //= p
+        p += 1
+    for p in sorted(primes, reverse=True):
+        ok = [i for i, sl in enumerate(slots) if all(g.dims[d] % (sizes[i] * p) == 0 for d in sl)]
+        if not ok:
+            return None
+        i = min(ok, key=lambda i: sizes[i])
+        sizes[i] *= p
+    return {slots[i][0]: k for i, k in enumerate(sizes) if k > 1}
 
 
 def _split(n: int, sizes: Sequence[int]) -> int:
@@ -81,6 +128,17 @@ def standard_layout(
     """
     if name not in NAMES:
         raise RuleError(f"unknown standard layout {name!r}; known: {', '.join(NAMES)}")
+    if name == "spatial":
+        slots = spatial_dims(g)
+        mesh = _spatial_mesh(g, slots, devices) if slots else None
+        if mesh is None:
+            raise RuleError(
+                f"workload {g.name!r}: no convolution whose spatial dims {devices} devices "
+                "can split (spatial partitioning needs one)"
+            )
+        return mesh, [(d, (sl[0],)) for sl in slots if sl[0] in mesh for d in sl]
+    if name == "megatron":  # needs no batch dim
+        return {"model": devices}, [(d, ("model",)) for d in tp_dims(g, model_dims, devices)]
     batch = batch_dim(g)
     tp = tp_dims(g, model_dims, devices)
     fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, devices)
@@ -88,8 +146,6 @@ def standard_layout(
         return {"data": devices}, [(batch, ("data",))]
     if name == "fsdp":
         return {"fsdp": devices}, [(batch, ("fsdp",))] + [(d, ("fsdp",)) for d in fsdp]
-    if name == "megatron":
-        return {"model": devices}, [(d, ("model",)) for d in tp]
     m = _split(devices, [g.dims[d] for d in tp])
     if name == "2d":
         return {"data": devices // m, "model": m}, [(batch, ("data",))] + [
@@ -104,7 +160,10 @@ def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, 
     """Every standard layout that the workload's dims divide on ``devices`` devices."""
     out = {}
     for name in NAMES:
-        mesh, rules = standard_layout(g, name, devices, **kw)
+        try:
+            mesh, rules = standard_layout(g, name, devices, **kw)
+        except RuleError:  # no batch dim (batch 1), no conv to split spatially
+            continue
         if all(g.dims[d] % math.prod(mesh[a] for a in axes) == 0 for d, axes in rules):
             out[name] = (mesh, rules)
     return out
@@ -115,21 +174,34 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
     every axis, and (with two or more axes) 2-D and Megatron+FSDP with the last axis as the
     model axis and the others as data. Rules the dims do not divide are left out."""
     axes = tuple(mesh)
-    batch = batch_dim(g)
+    cands: dict[str, list] = {}
+    slots = spatial_dims(g)
+    if slots:  # each spatial position on one mesh axis, in order
+        cands["spatial"] = [(d, (a,)) for sl, a in zip(slots, axes, strict=False) for d in sl]
+    try:
+        batch = batch_dim(g)
+    except RuleError:  # batch 1: only the layouts that do not split the batch
+        cands["megatron"] = [(d, axes) for d in tp_dims(g, None, mesh[axes[-1]])]
+        return _dividing(g, mesh, cands)
     n = math.prod(mesh.values())
     tp = tp_dims(g, None, mesh[axes[-1]])
     fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, n)
-    cands = {
+    cands.update({
         "dp": [(batch, axes)],
         "fsdp": [(batch, axes)] + [(d, axes) for d in fsdp],
         "megatron": [(d, axes) for d in tp],
-    }
+    })  # fmt: skip
     if len(axes) > 1:
         data, model = axes[:-1], axes[-1:]
         cands["2d"] = [(batch, data)] + [(d, model) for d in tp]
         cands["megatron_fsdp"] = (
             [(batch, data)] + [(d, model) for d in tp] + [(d, data) for d in fsdp if d not in tp]
         )
+    return _dividing(g, mesh, cands)
+
+
+def _dividing(g: Graph, mesh: dict[str, int], cands: dict[str, list]) -> dict[str, list]:
+    """Each candidate's rules that the dims divide; candidates left with none are dropped."""
     out = {}
     for name, rules in cands.items():
         ok = [(d, a) for d, a in rules if g.dims[d] % math.prod(mesh[x] for x in a) == 0]

@@ -41,7 +41,7 @@ from autolayout._plan import Plan, mesh_text
 from autolayout._workload import Workload
 
 from . import ilp
-from .baselines import batch_dim, layouts_on
+from .baselines import batch_dim, layouts_on, spatial_dims
 from .meshes import mesh_shapes
 from .request import Request, Structure, analyse, build, memory_peak, memory_row
 
@@ -437,24 +437,31 @@ def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> 
 
 def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
     """Generic mesh axes named after what they split: the batch only ``data``, the batch and
-    weights ``fsdp``, weights or activations only (no input) ``model``."""
+    weights ``fsdp``, a conv's spatial dims only ``space``, weights or activations only (no
+    input) ``model``."""
     batch = None
     try:
         batch = batch_dim(g)
     except RuleError:
         pass
+    space = {d for sl in spatial_dims(g) for d in sl}
     layouts = req.layouts_of(choice)
     splits: dict[str, set[str]] = {a: set() for a in req.machine.mesh}
     for t in g.inputs:
         tt = g.tensors[t]
         for d, axes in zip(tt.dims, layouts[t], strict=True):
             for a in axes:
-                splits[a].add("batch" if d == batch else "param")
+                splits[a].add("batch" if d == batch else "space" if d in space else "param")
     out: dict[str, str] = {}
     used: set[str] = set()
     for a in req.machine.mesh:
         s = splits[a]
-        name = "data" if s == {"batch"} else "fsdp" if s == {"batch", "param"} else "model"
+        name = (
+            "data" if s == {"batch"}
+            else "fsdp" if s == {"batch", "param"}
+            else "space" if s == {"space"}
+            else "model"
+        )  # fmt: skip
         # an axis that splits no input splits activations only: model parallelism too
         k, base = 2, name
         while name in used:

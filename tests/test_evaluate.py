@@ -185,6 +185,42 @@ def test_a_rule_for_a_dim_no_input_carries_is_an_error(gpt_graph):
         )
 
 
+def test_conv_halos_golden():
+    """Halo planes per side of one block (hand-counted, as XLA's compiled permutes show)."""
+    from autolayout.cost_models.sharding import halo
+
+    # 3-tap "SAME" conv, 16 planes over 4 devices: one plane from each neighbour
+    h = halo(16, 16, 3, 1, 1, 1, 1, 4)
+    assert (h.left, h.right) == (1, 1)
+    assert (h.pairs, h.local_pairs) == (16 * 3 - 2, 4 * 3)  # edges' padding taps computed
+    # stride 2 (16 -> 8, padding (0, 1)): output block j reads input [8j, 8j + 8]: the right
+    h = halo(16, 8, 3, 2, 1, 0, 1, 4)
+    assert (h.left, h.right) == (0, 1)
+    # transposed (8 -> 16: input dilated by 2, padding (2, 1)): one plane from the left
+    h = halo(8, 16, 3, 1, 1, 2, 2, 4)
+    assert (h.left, h.right) == (1, 0)
+    # a window wider than the block reaches past the neighbours: no halo exchange
+    assert halo(16, 16, 11, 1, 1, 5, 1, 8) is None
+    assert halo(16, 16, 3, 1, 1, 1, 1, 3) is None  # 3 does not divide 16
+
+
+def test_gathering_two_split_axes_is_one_all_gather_per_axis_last_first():
+    """XLA's partitioner gathers [16, 16, 16] split a=4 x b=2 as b (to 4096 B) then a (to
+    16384 B) — measured on XLA:CPU; moving two mesh axes between the same tensor axes is one
+    all-to-all."""
+    from autolayout._ir import Tensor
+    from autolayout.cost_models.sharding import Machine, reshard
+
+    m = Machine(al.hardware("cpu-8"), {"a": 4, "b": 2})
+    t = Tensor("x", (16, 16, 16), "float32", (None, None, None))
+    got = [(c.kind, c.axes, c.bytes) for c in reshard(m, t, (("a",), ("b",), ()), ((), (), ()))]
+    assert got == [("all-gather", ("b",), 4096), ("all-gather", ("a",), 16384)]
+    got = [
+        (c.kind, c.axes, c.bytes) for c in reshard(m, t, (("a", "b"), (), ()), ((), ("a", "b"), ()))
+    ]
+    assert got == [("all-to-all", ("a", "b"), 2048)]
+
+
 # --- the plan file ----------------------------------------------------------------------------
 
 

@@ -288,3 +288,23 @@ def test_moe_with_many_experts_and_a_big_ffn_uses_an_experts_axis():
     assert w1["dims"][0] == "experts" and w1["layout"][0], w1
     assert ("experts", w1["layout"][0]) in p.rules()
     assert "all-to-all" in set(p.collectives().kind)
+
+
+def test_unet_at_batch_1_on_256_cubed_splits_space():
+    """Batch 1 cannot carry a mesh and splitting channels over 128 chips does not fit (34 GiB
+    a chip, of 32): the planner splits the volume's spatial dims, exchanging halos, and is no
+    slower than the hand spatial layout."""
+    wl = al.load_workload(f"{MODELS}/unet3d.py", size="256")
+    p = al.plan(wl, "tpu-v4-256", time_limit_s=5)
+    assert p.status in ("FEASIBLE", "TIMEOUT", "OPTIMAL")
+    image = next(i for i in p.inputs if i["path"] == "batch/image")
+    space = [axes for d, axes in zip(image["dims"], image["layout"], strict=True)
+             if d in ("depth", "height", "width") and axes]  # fmt: skip
+    assert space, image
+    split = math.prod(p.mesh[a] for axes in space for a in axes)
+    assert split >= 32, (image, p.mesh)
+    kinds = set(p.collectives().kind)
+    assert "collective-permute" in kinds
+    cmp = al.compare(wl, "tpu-v4-256", auto=p).set_index("layout")
+    assert cmp.loc["auto", "step_time_s"] <= cmp.loc["spatial", "step_time_s"] * (1 + 1e-9)
+    assert not cmp.loc["megatron", "fits"]

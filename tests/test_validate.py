@@ -78,3 +78,51 @@ def test_hlo_group_size_reads_every_replica_group_form():
             "'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, use_global_device_ids=true")  # fmt: skip
     assert _group_size(line) == 4
     assert _group_size("x = f32[4] all-reduce(y), replica_groups=mesh['a'=2,'b'=4] {'a','b'}") == 8
+
+
+def _checked_ok(plan) -> "object":
+    v = al.validate(plan).set_index("quantity")
+    assert v.loc[v["checked"], "ok"].all(), v
+    return v
+
+
+@pytest.mark.parametrize("volume", [16, 32])
+def test_spatial_partitioning_halo_bytes_match_xla(volume):
+    """The U-Net at batch 1 split over depth x height x width (2 x 2 x 2): XLA's compiled
+    collective-permutes (the halos of every conv, strided and transposed, forward and
+    backward) match the predicted bytes, and so do the all-gathers (the transposed conv's
+    weight gradient, which XLA gathers) and the batch-norm all-reduces."""
+    wl = load_model("unet3d", volume=volume)
+    g = al.trace(wl)
+    mesh, rules = standard_layout(g, "spatial", 8)
+    assert mesh == {"depth": 2, "height": 2, "width": 2}
+    v = _checked_ok(al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g))
+    assert v.loc["collective-permute", "predicted_count"] >= 27  # 3 dims x 2 sides x convs
+    assert abs(v.loc["collective-permute", "ratio"] - 1) <= 0.10, v
+    assert abs(v.loc["flops", "ratio"] - 1) <= 0.10, v
+
+
+@pytest.mark.parametrize("mesh", [{"a": 2, "b": 4}, {"a": 2, "b": 2, "c": 2}])
+def test_expert_parallel_all_to_alls_match_xla(mesh):
+    """The planner's expert-parallel seed (tokens on the batch split, the expert MLP on the
+    experts split) compiles to the all-to-alls it predicts, bytes within 10%."""
+    import math
+    import time
+
+    from autolayout.search.planner import ShapeResult, _to_plan, donated_inputs, seeds
+    from autolayout.search.request import analyse, build
+
+    wl = load_model("moe", layers=1, experts=8)
+    g = al.trace(wl)
+    hw = al.hardware("cpu-8")
+    st = analyse(g, donated=donated_inputs(wl, g))
+    req = build(st, hw, mesh)
+    seed = seeds(req, hw.hbm_limit_bytes, math.inf, greedy=False)["expert_dp"]
+    win = ShapeResult(mesh, seed, "SEEDED", 0.0, request=req)
+    plan = _to_plan(wl, g, hw, win, [win], "FEASIBLE", hw.hbm_limit_bytes, time.perf_counter(),
+                    0.0, st, check_hand=False)  # fmt: skip
+    w1 = next(i for i in plan.inputs if i["path"] == "params/layers/0/w1")
+    assert w1["layout"][0], w1  # the experts are split
+    v = _checked_ok(plan)
+    assert v.loc["all-to-all", "predicted_count"] >= 4  # dispatch and combine, both passes
+    assert abs(v.loc["all-to-all", "ratio"] - 1) <= 0.10, v
