@@ -276,6 +276,14 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objectiv
             f"device; the least memory found needs {need / 2**30:.2f} GiB (shown below)",
             err=True,
         )
+        copies = p.predicted["memory_by_category"].get("copies", 0)
+        if copies > 0.25 * need:
+            click.echo(
+                f"{copies / 2**30:.2f} GiB of it are resharded copies alive at the peak: XLA's "
+                "partitioner keeps a weight gathered in the forward pass for the backward "
+                "(it caches all-gathers); a layer stack under lax.scan gathers per layer",
+                err=True,
+            )
     _print_plan(p, out)
     tried = p.solver["mesh_shapes_tried"]
     solved = sum(r["status"] not in ("SEEDED",) for r in tried)

@@ -23,7 +23,9 @@ from autolayout._ir import Graph
 @dataclass(frozen=True, slots=True)
 class MemoryUse:
     peak_bytes: int
-    by_category: dict[str, int]  # resident inputs by argument name, plus "activations"
+    # resident inputs by argument name, "activations" at the peak, and "copies" (tensors
+    # resharded for their readers, alive at the peak)
+    by_category: dict[str, int]
     peak_op: str | None  # the op at which the peak is reached
 
 
@@ -92,13 +94,21 @@ def liveness_peak(
         b = nbytes(t)
         delta[first] += b
         delta[last + 1] -= b
+    extra = [0] * (n + 2)
     for first, last, b in copies:
         delta[first] += b
         delta[last + 1] -= b
+        extra[first] += b
+        extra[last + 1] -= b
     live, peak, peak_op = 0, 0, None
+    held = held_at_peak = 0
     for i in range(n):
         live += delta[i]
+        held += extra[i]
         if live > peak:
-            peak, peak_op = live, g.ops[i].name
+            peak, peak_op, held_at_peak = live, g.ops[i].name, held
     total = sum(resident.values())
-    return MemoryUse(total + peak, {**resident, "activations": peak}, peak_op)
+    by = {**resident, "activations": peak - held_at_peak}
+    if held_at_peak:
+        by["copies"] = held_at_peak  # resharded copies (FSDP's gathered weights) at the peak
+    return MemoryUse(total + peak, by, peak_op)

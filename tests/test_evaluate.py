@@ -90,6 +90,13 @@ def test_fsdp_gathers_weights_once_and_reduce_scatters_gradients_on_tpu():
     assert {"all-gather", "reduce-scatter"} <= kinds
     gathered = c[c["kind"] == "all-gather"]
     assert not gathered["tensor"].duplicated().any()  # one gather per weight
+    # the gathered weights are a memory category of their own, and the categories add up
+    by = p.predicted["memory_by_category"]
+    assert by["copies"] > 0
+    assert sum(by.values()) == p.predicted["memory_bytes_per_device"]
+    dp = al.evaluate(load_model("gpt"), "tpu-v5e-8", mesh={"data": 8}, rules={"batch": "data"},
+                     graph=g)  # fmt: skip
+    assert "copies" not in dp.predicted["memory_by_category"]  # DP gathers nothing
     # on XLA:CPU a reduce-scatter is an all-reduce and a slice, and is priced so
     cpu = al.evaluate(load_model("gpt"), "cpu-8", mesh=mesh, rules=rules, graph=g)
     assert "reduce-scatter" not in set(cpu.collectives()["kind"])
