@@ -61,8 +61,9 @@ def plan(workload, hw, *, mesh=None, memory_limit=None, time_limit_s=60.0, **kw)
 
 
 def compare(workload, hw, *, time_limit_s=60.0, **kw):
-    """One table (pandas): the planner's layout beside DP, FSDP, Megatron, 2-D and
-    Megatron+FSDP, all priced by the same cost model (``auto=`` reuses a plan)."""
+    """One table (pandas): the planner's layout beside DP, FSDP, Megatron, 2-D,
+    Megatron+FSDP and (for convolutions) spatial partitioning, all priced by the same cost
+    model (``auto=`` reuses a plan)."""
     from .search.planner import compare as _compare
 
     return _compare(workload, hw, time_limit_s=time_limit_s, **kw)

@@ -298,7 +298,8 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objectiv
 @main.command("compare")
 @_plan_options
 def compare_cmd(model, hw_name, sets, time_limit) -> None:
-    """One table: the planner's layout beside DP, FSDP, Megatron, 2-D and Megatron+FSDP."""
+    """One table: the planner's layout beside DP, FSDP, Megatron, 2-D, Megatron+FSDP and
+    (for convolutions) spatial partitioning."""
     from .search.planner import compare
 
     wl = load_workload(model, **parse_sets(sets))

@@ -188,7 +188,7 @@ def plot(df: pd.DataFrame) -> None:
                 (0.2, r.plan_fits, r.plan_tflops),
             ):
                 if not fits:
-                    ax.text(i + dx, y * 0.5, "no fit", rotation=90, ha="center", va="center",
+                    ax.text(i + dx, y * 0.8, "no fit", rotation=90, ha="center", va="center",
                             fontsize=7, color="white")  # fmt: skip
         ax.set_xticks(list(x), [f"{p:.2f}B\n{c} cores" for p, c in zip(d.params_b, d.cores,
                                                                        strict=True)],
@@ -209,12 +209,14 @@ def plot(df: pd.DataFrame) -> None:
             [f"{c}\n{p:.1f}B" for c, p in zip(extra.case, extra.params_b, strict=True)],
             fontsize=7,
         )
-        ax.set_title("En-Fr Transformer, 512 v2 cores")
-        ax.set_yscale("log")
+        ax.set_title("En-Fr, 512 v2 cores")
+        ax.set_ylabel("TFLOP/s")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="lower right")
+    both = pd.concat([df.paper_tflops, df.plan_tflops])
+    for ax in axes[:2]:
+        ax.set_ylim(both.min() * 0.7, both.max() * 1.4)
     axes[0].set_ylabel("predicted TFLOP/s (model FLOPs, whole slice)")
-    axes[1].sharey(axes[0])
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(OUT / "mesh_tf_paper.png", dpi=120)

@@ -3,9 +3,10 @@
 Per mesh shape (:mod:`.meshes`):
 
 1. **Seeds.** Mesh-TF rule sets (dim -> mesh axes) priced from the request: no rules, the
-   hand layouts that fit the shape (DP, FSDP, Megatron, 2-D, Megatron+FSDP), and a greedy
-   descent that adds or removes one (dim, mesh axis) at a time while the step time falls (a
-   layout that does not fit in memory counts as slower than any that does).
+   hand layouts that fit the shape (DP, FSDP, Megatron, 2-D, Megatron+FSDP, spatial), expert
+   parallelism where there are experts, and a greedy descent that adds or removes one (dim,
+   mesh axis) at a time while the step time falls (a layout that does not fit in memory
+   counts as slower than any that does).
 2. **ILP** (:mod:`.ilp`). Where the whole formulation is small (``full_limit`` strategy
    pairs) one CP-SAT model over every strategy of every node, exact: ``OPTIMAL`` means no
    layout in the search space is faster. Elsewhere a neighbourhood search: CP-SAT over, per
@@ -437,8 +438,8 @@ def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> 
 
 def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
     """Generic mesh axes named after what they split: the batch only ``data``, the batch and
-    weights ``fsdp``, a conv's spatial dims only ``space``, weights or activations only (no
-    input) ``model``."""
+    weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
+    of the activations) ``space``, else ``model``."""
     batch = None
     try:
         batch = batch_dim(g)
@@ -452,6 +453,13 @@ def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
         for d, axes in zip(tt.dims, layouts[t], strict=True):
             for a in axes:
                 splits[a].add("batch" if d == batch else "space" if d in space else "param")
+    quiet = [a for a, s in splits.items() if not s]
+    if quiet and space:  # an axis no input uses may split the volume inside the step
+        for t, lay in layouts.items():
+            for d, axes in zip(g.tensors[t].dims, lay, strict=True):
+                for a in axes:
+                    if a in quiet and d in space:
+                        splits[a].add("space")
     out: dict[str, str] = {}
     used: set[str] = set()
     for a in req.machine.mesh:

@@ -126,3 +126,13 @@ def test_expert_parallel_all_to_alls_match_xla(mesh):
     v = _checked_ok(plan)
     assert v.loc["all-to-all", "predicted_count"] >= 4  # dispatch and combine, both passes
     assert abs(v.loc["all-to-all", "ratio"] - 1) <= 0.10, v
+
+
+def test_a_unet_plan_at_batch_1_compiles_as_predicted():
+    """The planner's own U-Net plan (batch 1, 32^3, deterministic): it splits the volume
+    inside the step (halos), and XLA compiles the collectives it predicts, bytes within 10%."""
+    wl = load_model("unet3d", volume=32)
+    plan = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True)
+    v = _checked_ok(plan)
+    assert "collective-permute" in v.index, v
+    assert abs(v.loc["collective-permute", "ratio"] - 1) <= 0.10, v
