@@ -389,8 +389,24 @@ def conv_split(
     return out, factor
 
 
+_GROUPS: tuple[Graph, dict[str, list[Group]]] | None = None  # the last graph's groups
+
+
 def op_groups(g: Graph, op: Op) -> list[Group]:
-    """The op's groups, in a fixed order (outputs' axes first)."""
+    """The op's groups, in a fixed order (outputs' axes first). Cached for the graph last
+    asked about (the search and the final pricing walk one graph many times; the cache holds
+    that one graph alive); the list is shared, so callers must not change it."""
+    global _GROUPS
+    if _GROUPS is None or _GROUPS[0] is not g:
+        _GROUPS = (g, {})
+    cache = _GROUPS[1]
+    v = cache.get(op.name)
+    if v is None:
+        v = cache[op.name] = _op_groups(g, op)
+    return v
+
+
+def _op_groups(g: Graph, op: Op) -> list[Group]:
     tensors = list(dict.fromkeys(op.outputs + op.inputs))
     members = [(t, a) for t in tensors for a, s in enumerate(g.tensors[t].shape) if s > 1]
     parent = {k: k for k in members}
