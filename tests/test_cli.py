@@ -32,6 +32,13 @@ def test_trace_prints_dims_op_counts_and_opaque_ops():
     assert "x 3 trips" in r.output
 
 
+def test_a_numeric_size_preset_is_found():
+    # --set size=128 arrives as an integer; the U-Net's presets are named "128", "256"
+    r = run("trace", str(MODELS / "unet3d.py"), "--set", "size=128")
+    assert r.exit_code == 0, r.output
+    assert "depth" in r.output and "128" in r.output
+
+
 def test_set_values_are_parsed():
     assert parse_sets(("size=gpt3-175b", "layers=4", "scan=true", "lr=1e-3")) == {
         "size": "gpt3-175b", "layers": 4, "scan": True, "lr": 1e-3,

@@ -28,7 +28,9 @@ def dtype_of(name: str) -> Any:
 
 
 def config(sizes: dict[str, dict], size: str, overrides: dict, others: str) -> dict:
-    """A size preset with integer overrides; unknown sizes or options name what is known."""
+    """A size preset with integer overrides; unknown sizes or options name what is known.
+    ``--set size=256`` arrives as the integer 256: presets are looked up by their text."""
+    size = str(size)
     if size not in sizes:
         raise ValueError(f"unknown size {size!r}; known: {', '.join(sizes)}")
     c = dict(sizes[size])
