@@ -153,9 +153,9 @@ def collective_time(
     n = math.prod(s.length for s in segments)
     if n <= 1 or full_bytes <= 0:
         return 0.0
-    if kind == "collective-permute":  # one message to a neighbour over one link
-        s = segments[0]
-        return s.latency_s + full_bytes / _eff_bw(hw, s)
+    if kind == "collective-permute":  # one message to a neighbour over one link; on a
+        # group spanning several links (NVLink and the network) some pairs cross the slowest
+        return max(s.latency_s + full_bytes / _eff_bw(hw, s) for s in segments if s.length > 1)
     if hw.kind == "tpu":
         return _torus_time(hw, kind, segments, n, full_bytes)
     return _cluster_time(hw, kind, segments, n, full_bytes)

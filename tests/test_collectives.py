@@ -65,6 +65,14 @@ def test_an_axis_spanning_two_gpu_nodes_is_priced_at_network_bandwidth():
     assert collective_time(hw, "all-gather", both, 2**30) == pytest.approx(
         2**30 / 2 / (5e10 * 0.8) + 15 * 4e-6
     )
+    # a halo exchange along that axis: the pair across the node boundary goes over the
+    # network, 1 MiB / (5e10 * 0.8) + 4 us (over NVLink alone: 1 MiB / (4.5e11 * 0.8) + 1.9 us)
+    assert collective_time(hw, "collective-permute", both, 2**20) == pytest.approx(
+        2**20 / (5e10 * 0.8) + 4e-6
+    )
+    assert collective_time(hw, "collective-permute", p["model"], 2**20) == pytest.approx(
+        2**20 / (4.5e11 * 0.8) + 1.9e-6
+    )
 
 
 def test_a_group_of_one_costs_nothing():
