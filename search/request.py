@@ -90,8 +90,6 @@ class Structure:
     index: dict[str, int]
     share: bool
     ops: dict[str, Op]
-    # (op, group assignment) -> layouts_of: mesh axes are named a, b, c on every shape
-    strategy_layouts: dict[tuple, tuple] = field(default_factory=dict)
 
 
 def _digest(x: Any) -> bytes:
@@ -477,21 +475,6 @@ def follower_assign(g: Graph, groups: list[Group], layouts: dict[str, Layout]) -
 
 
 def _splits(sizes_of: list[list[int]], kinds: list[bool], mesh: dict[str, int]) -> list[tuple]:
-    key = (tuple(map(tuple, sizes_of)), tuple(kinds), tuple(mesh.items()))
-    v = _SPLITS.get(key)
-    if v is None:
-        if len(_SPLITS) > 100_000:
-            _SPLITS.clear()
-        v = _SPLITS[key] = _enumerate_splits(sizes_of, kinds, mesh)
-    return v
-
-
-_SPLITS: dict[tuple, list[tuple]] = {}  # the same groups on the same mesh: many ops, shapes
-
-
-def _enumerate_splits(
-    sizes_of: list[list[int]], kinds: list[bool], mesh: dict[str, int]
-) -> list[tuple]:
     """Every way to give each mesh axis to one group (or none), in mesh order, where the
     group's sizes divide."""
     out: list[tuple] = []
@@ -566,12 +549,8 @@ def build(st: Structure, hw: Hardware, mesh: dict[str, int]) -> Request:
             sizes = [[g.tensors[t].shape[a] for t, a in grp.members] for grp in groups]
             kinds = [grp.kind != "fixed" for grp in groups]
             node = Node("op", members, [], wanted={j: [] for j in range(len(op.inputs))})
-            known = st.strategy_layouts
             for assign in _splits(sizes, kinds, mesh):
-                v = known.get((first, assign))
-                if v is None:
-                    v = known[first, assign] = layouts_of(g, op, groups, list(assign))
-                wanted, produced, partial = v
+                wanted, produced, partial = layouts_of(g, op, groups, list(assign))
                 wid = [lid(wanted[t]) for t in op.inputs]
                 for outs in _completions(g, op, produced, partial, mesh):
                     node.by_assign.setdefault(assign, []).append(len(node.strategies))
