@@ -164,7 +164,10 @@ def _summary_lines(plan) -> list[str]:
     "rules_text",
     help="Layout rules, e.g. batch=data,heads=model (a+b for several axes).",
 )
-@click.option("--layout", help="A standard layout instead: dp, fsdp, megatron, 2d, megatron_fsdp.")
+@click.option(
+    "--layout",
+    help="A standard layout instead: dp, fsdp, megatron, 2d, megatron_fsdp, spatial.",
+)
 @_set_option
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> None:
