@@ -192,6 +192,8 @@ def check_graph(g: Graph) -> None:
             if i not in defined:
                 fail(f"op {op.name} reads {i} before any op writes it")
         for o in op.outputs:
+            if o not in g.tensors:
+                fail(f"op {op.name} writes {o}, which the graph has no tensor for")
             if o in defined and g.tensors[o].role != "loop":
                 fail(f"tensor {o} is written twice (again by {op.name})")
             defined.add(o)

@@ -404,6 +404,7 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     for op in reversed(b.ops):
         if any(o in live for o in op.outputs):
             kept.append(op)
+            live.update(op.outputs)  # a live op makes all its results (split, loops)
             aliased = set(op.param("aliased_inputs", ()))  # live only if the body reads them
             live.update(i for i in op.inputs if i not in aliased)
             live.update(op.param("body_outputs", ()))

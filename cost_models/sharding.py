@@ -442,7 +442,9 @@ def _op_groups(g: Graph, op: Op) -> list[Group]:
                 continue
             ins_, outs_ = [(src, a) for a in ga], [(dst, a) for a in gc]
             kind = "fixed" if len(ga) > 1 and len(gc) > 1 else "pass"
-            grp = Group((ins_[0], outs_[0]), kind, _dim(g, [outs_[0]]), tuple(ins_[1:] + outs_[1:]))
+            # the major axes split together; the minor ones map to this group too, so they
+            # never split on their own (a split of the merged axis is a split of its major)
+            grp = Group((ins_[0], outs_[0]), kind, _dim(g, [outs_[0]]))
             for k in ins_ + outs_:
                 reshaped[k] = grp
     out: list[Group] = []

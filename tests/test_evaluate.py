@@ -264,3 +264,26 @@ def test_bad_plan_files_are_refused(tmp_path):
     f.write_text(json.dumps({"version": 1, "status": "EVALUATED"}))
     with pytest.raises(al.PlanError, match="corrupted"):
         al.Plan.load(f)
+
+
+def test_a_step_that_splits_and_merges_axes_by_reshape_is_priced_as_xla_compiles():
+    """[batch, 64] -> [batch, 4, 16] and back: a reshape's merged or split axes are one group
+    on the major axis (this raised a TypeError before: no example model reshapes so)."""
+
+    def step(w, x):
+        def loss(w):
+            y = (x @ w).reshape(x.shape[0], 4, 16)
+            z = jnp.tanh(y).reshape(x.shape[0], 64)
+            return jnp.sum(z * z)
+
+        return jax.grad(loss)(w)
+
+    wl = al.Workload(
+        step, (al.spec((32, 64), ("d_in", "d_out")), al.spec((8, 32), ("batch", "d_in")))
+    )
+    g = al.trace(wl)
+    assert any(op.primitive == "reshape" and len(op.param("groups")[1][1]) == 2 for op in g.ops)
+    for mesh, rules in (({"data": 8}, {"batch": "data"}),
+                        ({"data": 2, "model": 4}, {"batch": "data", "d_out": "model"})):  # fmt: skip
+        v = al.validate(al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g))
+        assert v.loc[v["checked"], "ok"].all(), v

@@ -315,3 +315,29 @@ def test_the_listed_primitives_all_have_rules():
               "top_k", "argmax", "reduce_max", "reduce_min", "iota", "select_n", "conv_general_dilated", "broadcast_in_dim"):  # fmt: skip
         assert p in prims, p
     assert g.tensors[g.outputs[0]].dims == ("batch", "d")
+
+
+@pytest.mark.parametrize("which", ["split", "concatenate", "sort", "while", "scan", "cond"])
+def test_a_live_op_keeps_its_dead_results(which):
+    """A multi-result op one of whose results nothing reads (split's second half, a loop's
+    unused carry) stays in the graph with all its results: pricing it used to raise a
+    KeyError on the dropped tensor."""
+    bodies = {
+        "split": lambda w, x: jnp.sum(jnp.split(x @ w, 2, axis=1)[0] ** 2),
+        "concatenate": lambda w, x: jnp.sum(jnp.concatenate([x @ w, x], axis=1) ** 2),
+        "sort": lambda w, x: jnp.sum(jnp.sort(x @ w, axis=1)[:, :4]),
+        "while": lambda w, x: jnp.sum(lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x)),
+        "scan": lambda w, x: jnp.sum(
+            lax.scan(lambda h, _: (jnp.tanh(h @ w), None), x, None, length=3)[0]
+        ),
+        "cond": lambda w, x: jnp.sum(lax.cond(jnp.sum(x) > 0, lambda: x @ w, lambda: x @ w.T)),
+    }
+    f = bodies[which]
+    wl = al.Workload(
+        lambda w, x: jax.grad(f)(w, x),
+        (al.spec((32, 32), ("d", "e")), al.spec((8, 32), ("batch", "d"))),
+    )
+    g = al.trace(wl)
+    al.check_graph(g)
+    p = al.evaluate(wl, "cpu-8", mesh={"data": 2, "model": 4}, rules={"batch": "data"}, graph=g)
+    assert p.predicted["step_time_s"] > 0
