@@ -19,7 +19,7 @@ from typing import Any
 
 from ._errors import MeshError, RuleError
 from ._hardware import Hardware, hardware
-from ._ir import Graph, Tensor
+from ._ir import Graph, Tensor, model_named
 from ._plan import Plan
 from ._workload import Workload
 
@@ -90,7 +90,7 @@ class RuleSet:
         self.priority: dict[str, int] = {}
         for t in g.tensors.values():  # dims the model named inside the step (al.name_dims)
             for d in t.dims:
-                if d is not None and "#" not in d and ":" not in d:
+                if model_named(d):
                     carried.setdefault(d, t)
         for k, (dim, axes) in enumerate(self.rules):
             if dim not in carried:

@@ -35,6 +35,13 @@ class Dim:
     user: bool = False  # named by the user with ``al.spec``
 
 
+def model_named(dim: str | None) -> bool:
+    """Whether ``dim`` is a name the model gave (``al.spec``, ``al.name_dims``, or a reshape's
+    merge of such names), not a fallback the tracer made up: those carry ``#`` (another dim
+    of a named family, ``seq#2``) or ``:`` (an op's axis, ``iota.130:2``)."""
+    return dim is not None and "#" not in dim and ":" not in dim
+
+
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """A value of the traced program (one jaxpr variable)."""

@@ -323,7 +323,7 @@ def halo(
         return None
     bn, bs = n // parts, span // parts
     left = right = pairs = 0
-    reads = []  # per block: (position in the block, input element) pairs
+    reads = []  # per block: the input elements its (position, tap) pairs read
     for b in range(parts):
         need = [
             q // lhs_dil

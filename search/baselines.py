@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 
 from autolayout._errors import RuleError
-from autolayout._ir import Graph
+from autolayout._ir import Graph, model_named
 
 NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "spatial")
 TP_DIMS = ("heads", "d_ff", "vocab")
@@ -82,7 +82,7 @@ def spatial_dims(g: Graph) -> list[list[str]]:
                 slots.append([])
             for t, a in ((op.inputs[0], s["lhs"]), (op.outputs[0], s["out"])):
                 d = g.tensors[t].dims[a]
-                if d is not None and "#" not in d and ":" not in d and d not in slots[i]:
+                if model_named(d) and d not in slots[i]:
                     slots[i].append(d)
     return [sl for sl in slots if sl]
 
