@@ -11,6 +11,7 @@ follows the rule of its leading part. Dims without a rule stay whole.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import time
@@ -22,6 +23,7 @@ from ._hardware import Hardware, hardware
 from ._ir import Graph, Tensor, model_named
 from ._plan import Plan
 from ._workload import Workload
+from .cost_models.sharding import OpCost, op_cost, op_signature
 
 RuleSpec = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
@@ -188,11 +190,9 @@ def price(
     from .cost_models.sharding import (
         LOOP_OPS,
         Machine,
-        OpCost,
         free_tensors,
         fused_ops,
         local_bytes,
-        op_cost,
         op_groups,
     )
 
@@ -201,12 +201,14 @@ def price(
     resharded: set = set()
     free = free_tensors(g)
     fused = fused_ops(g)
+    alike: dict[tuple, OpCost] = {}
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
         groups = op_groups(g, op)
+        assign = assign_of(op, groups)
         costs.append(
-            op_cost(m, g, op, groups, assign_of(op, groups), layouts, resharded, free, fused)
+            _op_cost_alike(m, g, op, groups, assign, layouts, resharded, free, fused, alike)
         )
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
@@ -250,6 +252,40 @@ def price(
         "memory_efficiency": hw.efficiency.memory,
     }
     return {"costs": costs, "predicted": predicted}
+
+
+def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fused, alike):
+    """``op_cost``, reused for an op alike in everything the cost depends on (primitive,
+    parameters, FLOPs, fusion, shapes, groups, strategy and the layouts of its tensors) to one
+    priced before, where that one reads every input in its own layout (no copies, whose
+    sharing depends on the tensor) and is not a conv (halos); the 96 layers of a stack are
+    priced once each kind. Tensor names are renamed to the op's own."""
+    key = None
+    if op.primitive != "conv_general_dilated" and all(grp.dim is not None for grp in groups):
+        try:
+            key = (op.primitive, op.params, op.flops, op.opaque, op.name in fused,
+                   op_signature(g, op, groups), tuple(tuple(a) for a in assign),
+                   tuple(layouts[t] for t in op.inputs), tuple(layouts[t] for t in op.outputs),
+                   tuple(t in free for t in op.inputs))  # fmt: skip
+            c0 = alike.get(key)
+        except TypeError:  # a parameter that does not hash
+            key = c0 = None
+        if c0 is not None:
+            ins0, outs0 = c0.op.inputs, c0.op.outputs
+            rename = dict(zip(outs0, op.outputs, strict=True))
+            comms = [
+                dataclasses.replace(x, tensor=rename.get(x.tensor, x.tensor)) for x in c0.comms
+            ]
+            return OpCost(
+                op, c0.strategy,
+                {t: c0.wanted[t0] for t, t0 in zip(op.inputs, ins0, strict=True)},
+                {t: c0.produced[t0] for t, t0 in zip(op.outputs, outs0, strict=True)},
+                c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
+            )  # fmt: skip
+    c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+    if key is not None and all(c.wanted[t] == layouts[t] or t in free for t in op.inputs):
+        alike[key] = c
+    return c
 
 
 def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:

@@ -59,7 +59,13 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        size = _ITEMSIZE.get(self.dtype)
+        if size is None:
+            size = _ITEMSIZE[self.dtype] = np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * size
+
+
+_ITEMSIZE: dict[str, int] = {}  # dtype name -> bytes (np.dtype() is slow on a hot path)
 
 
 @dataclass(frozen=True, slots=True)

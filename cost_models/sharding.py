@@ -56,6 +56,10 @@ def replicated(rank: int) -> Layout:
 
 
 def split_factor(axes: tuple[str, ...], mesh: dict[str, int]) -> int:
+    if not axes:
+        return 1
+    if len(axes) == 1:
+        return mesh[axes[0]]
     return math.prod(mesh[a] for a in axes)
 
 
@@ -192,6 +196,8 @@ def from_partial(
     A partial axis that ``dst`` splits ``t`` on is reduce-scattered (on backends that have
     one; else all-reduced and sliced), the rest all-reduced; then :func:`reshard`.
     """
+    if not partial:
+        return reshard(m, t, tuple(tuple(x) for x in produced), dst)
     out: list[Comm] = []
     cur = [tuple(x) for x in produced]
     if partial:
@@ -466,6 +472,20 @@ def _op_groups(g: Graph, op: Op) -> list[Group]:
             kind = _REDUCE_KIND.get(op.primitive, "fixed")
         out.append(Group(tuple(c), kind, _dim(g, c)))
     return out
+
+
+def op_signature(g: Graph, op: Op, groups: list[Group]) -> tuple:
+    """What an op's strategies depend on: its tensors' shapes and dtypes (outputs, then each
+    input by position, a repeated operand once) and its groups over those positions."""
+    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    pos = {t: k for k, t in enumerate(ts)}
+    tensors = g.tensors
+    return (
+        len(op.outputs),
+        tuple(pos[t] for t in op.inputs),
+        tuple((tensors[t].shape, tensors[t].dtype) for t in ts),
+        tuple((grp.kind, tuple((pos[t], a) for t, a in grp.members)) for grp in groups),
+    )
 
 
 def _dim(g: Graph, members) -> str | None:

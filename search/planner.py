@@ -39,6 +39,7 @@ from autolayout._evaluate import (
 from autolayout._hardware import Hardware, hardware
 from autolayout._ir import Graph
 from autolayout._plan import Plan, mesh_text
+from autolayout._trace import gc_paused
 from autolayout._workload import Workload
 
 from . import ilp
@@ -54,6 +55,7 @@ GREEDY_DIMS = 8  # the dims (most input bytes first) it toggles
 ROUND_S = 2.0  # CP-SAT time per neighbourhood round at most
 FULL_S = 10.0  # CP-SAT time for a whole (small) formulation at most
 REFINE = 3  # shapes refined by the ILP (best seeds first)
+LEAST_MEMORY_S = 1.0  # the least-memory search when nothing fits, past the time limit at most
 SEED_SHARE = 0.5  # of the time left that pricing the hand layouts on every shape may take
 
 
@@ -99,6 +101,14 @@ class _Clock:
     def __init__(self, deterministic: bool = False) -> None:
         self.deterministic = deterministic
         self.virtual = 0.0
+        self.phases: dict[str, float] = {}  # wall seconds per phase of the plan
+        self._mark = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Adds the wall time since the last mark to ``phase``."""
+        t = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + t - self._mark
+        self._mark = t
 
     def now(self) -> float:
         return self.virtual if self.deterministic else time.perf_counter()
@@ -510,8 +520,12 @@ def plan(
     global _CLOCK
     saved, _CLOCK = _CLOCK, _Clock(deterministic)
     try:
-        return _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
-                     prune, full_limit, refine_shapes, objective)  # fmt: skip
+        with gc_paused():
+            p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
+                      prune, full_limit, refine_shapes, objective)  # fmt: skip
+        _CLOCK.mark("final")  # pricing the winner exactly, the report's tables
+        p.solver["phases_s"] = dict(_CLOCK.phases)
+        return p
     finally:
         _CLOCK = saved
 
@@ -525,9 +539,11 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
 
         graph = trace(workload)
     t_trace = time.perf_counter() - t0
+    _CLOCK.mark("trace")
     limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
     donated = donated_inputs(workload, graph)
     st = analyse(graph, share=share, donated=donated)
+    _CLOCK.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = (_now() if _CLOCK.deterministic else t0) + time_limit_s
     results: list[ShapeResult] = []
@@ -550,6 +566,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         results.append(r)
         if progress:
             progress({"stage": "seed", "mesh": dict(shape), "done": k + 1, "of": len(shapes)})
+    _CLOCK.mark("seed")
     if objective == "memory":
         return _least_memory_plan(workload, graph, hw, results, limit, deadline, t0, t_trace, st,
                                   refine_shapes, progress)  # fmt: skip
@@ -584,6 +601,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         if progress:
             progress({"stage": "solve", "mesh": r.mesh, "done": k + 1,
                       "of": min(len(order), refine_shapes), "step_time_s": best.step_time_s})  # fmt: skip
+    _CLOCK.mark("refine")
     feasible = [r for r in results if r.best is not None and r.best.fits(limit)]
     if feasible:
         win = min(feasible, key=lambda r: r.best.step_time_s)
@@ -593,10 +611,11 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     else:
         # nothing fits: report the layout that needs the least memory, and how much
         win = min((r for r in results if r.best is not None), key=lambda r: r.best.memory_bytes)
-        left = max(5.0, deadline - _now())
+        left = max(LEAST_MEMORY_S, deadline - _now())
         win.best = least_memory(win.request, win.best, time_limit_s=left)
         win.least_memory = win.best.memory_bytes
         status = "INFEASIBLE"
+        _CLOCK.mark("least_memory")
     return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
 
 

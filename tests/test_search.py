@@ -124,6 +124,9 @@ def test_request_prices_like_evaluate(model, opts):
         p = priced(g, hw, req, choice, donated)
         assert req.objective(choice) == pytest.approx(p["step_time_s"], rel=1e-9)
         assert rq.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
+        # the array walk finds the same peak at the same point as liveness_peak itself
+        arrays = rq._Liveness(req.structure).peak(req, choice)
+        assert arrays == rq.memory_peak_walk(req, choice) == rq.memory_peak(req, choice)
 
 
 def test_sharing_merges_repeated_layers():
