@@ -395,7 +395,8 @@ def conv_split(
     return out, factor
 
 
-_GROUPS: tuple[Graph, dict[str, list[Group]]] | None = None  # the last graph's groups
+# the last graph's groups: by op, and templates by an op's structure (see op_groups)
+_GROUPS: tuple[Graph, dict[str, list[Group]], dict[tuple, list]] | None = None
 
 
 def op_groups(g: Graph, op: Op) -> list[Group]:
@@ -404,11 +405,33 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
     that one graph alive); the list is shared, so callers must not change it."""
     global _GROUPS
     if _GROUPS is None or _GROUPS[0] is not g:
-        _GROUPS = (g, {})
-    cache = _GROUPS[1]
+        _GROUPS = (g, {}, {})
+    cache, alike = _GROUPS[1], _GROUPS[2]
     v = cache.get(op.name)
-    if v is None:
+    if v is not None:
+        return v
+    if op.primitive == "conv_general_dilated":  # its joins read the parameters' windows
         v = cache[op.name] = _op_groups(g, op)
+        return v
+    # an op alike in primitive, parameters, tensors' shapes and dims and links by position
+    # (the same op in another layer) has the same groups over its own tensors
+    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    pos = {t: k for k, t in enumerate(ts)}
+    tensors = g.tensors
+    key = (op.primitive, op.params, op.opaque, len(op.outputs), tuple(pos[t] for t in op.inputs),
+           tuple((tensors[t].shape, tensors[t].dims) for t in ts),
+           tuple(tuple((pos.get(t, -1), a) for t, a in link) for link in op.links))  # fmt: skip
+    try:
+        made = alike.get(key)
+    except TypeError:  # a parameter that does not hash
+        key = made = None
+    if made is None:
+        v = _op_groups(g, op)
+        if key is not None:
+            alike[key] = [(tuple((pos[t], a) for t, a in x.members), x.kind, x.dim) for x in v]
+    else:
+        v = [Group(tuple((ts[k], a) for k, a in m), kind, dim) for m, kind, dim in made]
+    cache[op.name] = v
     return v
 
 
