@@ -23,7 +23,7 @@ from ._hardware import Hardware, hardware
 from ._ir import Graph, Tensor, model_named
 from ._plan import Plan
 from ._workload import Workload
-from .cost_models.sharding import OpCost, op_cost, op_signature
+from .cost_models.sharding import OpCost, op_cost, op_kind
 
 RuleSpec = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
@@ -77,23 +77,38 @@ def check_mesh(hw: Hardware, mesh: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+_CARRIED: tuple[Graph, dict[str, Tensor]] | None = None  # the last graph's, see _carried
+
+
+def _carried(g: Graph) -> dict[str, Tensor]:
+    """The dims a rule may name, each with a tensor that carries it: the inputs' dims and
+    the dims the model named inside the step (``al.name_dims``). Cached for the last graph
+    (the search builds hundreds of rule sets over one 36k-tensor graph)."""
+    global _CARRIED
+    if _CARRIED is not None and _CARRIED[0] is g:
+        return _CARRIED[1]
+    carried: dict[str, Tensor] = {}
+    for t in g.inputs:
+        for d in g.tensors[t].dims:
+            if d is not None:
+                carried.setdefault(d, g.tensors[t])
+    for t in g.tensors.values():  # dims the model named inside the step (al.name_dims)
+        for d in t.dims:
+            if model_named(d):
+                carried.setdefault(d, t)
+    _CARRIED = (g, carried)
+    return carried
+
+
 class RuleSet:
     """Resolved rules: each dim's mesh axes and priority, checked against a graph and mesh."""
 
     def __init__(self, g: Graph, mesh: Mapping[str, int], rules: RuleSpec | None) -> None:
         self.rules = normalize_rules(rules)
         self.mesh = dict(mesh)
-        carried: dict[str, Tensor] = {}
-        for t in g.inputs:
-            for d in g.tensors[t].dims:
-                if d is not None:
-                    carried.setdefault(d, g.tensors[t])
+        carried = _carried(g)
         self.axes: dict[str, tuple[str, ...]] = {}
         self.priority: dict[str, int] = {}
-        for t in g.tensors.values():  # dims the model named inside the step (al.name_dims)
-            for d in t.dims:
-                if model_named(d):
-                    carried.setdefault(d, t)
         for k, (dim, axes) in enumerate(self.rules):
             if dim not in carried:
                 where = (
@@ -182,9 +197,12 @@ def price(
     assign_of,
     *,
     donated: Sequence[str] = (),
+    free: set[str] | None = None,
+    fused: set[str] | None = None,
 ) -> dict[str, Any]:
     """Prices a whole step: ``layouts`` of every tensor, ``assign_of(op, groups)`` each op's
-    strategy. Returns the per-op costs and the totals."""
+    strategy. Returns the per-op costs and the totals. ``free`` and ``fused`` are the
+    graph's :func:`free_tensors` and :func:`fused_ops` where the caller has them."""
     from .cost_models.compute import peak_flops
     from .cost_models.memory import aliased_outputs, liveness_peak
     from .cost_models.sharding import (
@@ -199,8 +217,8 @@ def price(
     m = Machine(hw, mesh)
     costs: list[OpCost] = []
     resharded: set = set()
-    free = free_tensors(g)
-    fused = fused_ops(g)
+    free = free_tensors(g) if free is None else free
+    fused = fused_ops(g) if fused is None else fused
     alike: dict[tuple, OpCost] = {}
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
@@ -261,14 +279,14 @@ def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fu
     sharing depends on the tensor) and is not a conv (halos); the 96 layers of a stack are
     priced once each kind. Tensor names are renamed to the op's own."""
     key = None
-    if op.primitive != "conv_general_dilated" and all(grp.dim is not None for grp in groups):
+    kind = op_kind(g, op)
+    if kind is not None and all(grp.dim is not None for grp in groups):
+        key = (kind, op.flops, op.name in fused, tuple(tuple(a) for a in assign),
+               tuple(layouts[t] for t in op.inputs), tuple(layouts[t] for t in op.outputs),
+               tuple(t in free for t in op.inputs))  # fmt: skip
         try:
-            key = (op.primitive, op.params, op.flops, op.opaque, op.name in fused,
-                   op_signature(g, op, groups), tuple(tuple(a) for a in assign),
-                   tuple(layouts[t] for t in op.inputs), tuple(layouts[t] for t in op.outputs),
-                   tuple(t in free for t in op.inputs))  # fmt: skip
             c0 = alike.get(key)
-        except TypeError:  # a parameter that does not hash
+        except TypeError:  # layouts given as lists
             key = c0 = None
         if c0 is not None:
             ins0, outs0 = c0.op.inputs, c0.op.outputs

@@ -395,31 +395,35 @@ def conv_split(
     return out, factor
 
 
-# the last graph's groups: by op, and templates by an op's structure (see op_groups)
-_GROUPS: tuple[Graph, dict[str, list[Group]], dict[tuple, list]] | None = None
+# the last graph's groups: by op, templates by an op's structure, and each op's template id
+_GROUPS: tuple[Graph, dict[str, list[Group]], dict[tuple, tuple], dict[str, int]] | None = None
+
+
+def _groups_cache(g: Graph):
+    global _GROUPS
+    if _GROUPS is None or _GROUPS[0] is not g:
+        _GROUPS = (g, {}, {}, {})
+    return _GROUPS
 
 
 def op_groups(g: Graph, op: Op) -> list[Group]:
     """The op's groups, in a fixed order (outputs' axes first). Cached for the graph last
     asked about (the search and the final pricing walk one graph many times; the cache holds
     that one graph alive); the list is shared, so callers must not change it."""
-    global _GROUPS
-    if _GROUPS is None or _GROUPS[0] is not g:
-        _GROUPS = (g, {}, {})
-    cache, alike = _GROUPS[1], _GROUPS[2]
+    _, cache, alike, kinds = _groups_cache(g)
     v = cache.get(op.name)
     if v is not None:
         return v
     if op.primitive == "conv_general_dilated":  # its joins read the parameters' windows
         v = cache[op.name] = _op_groups(g, op)
         return v
-    # an op alike in primitive, parameters, tensors' shapes and dims and links by position
-    # (the same op in another layer) has the same groups over its own tensors
+    # an op alike in primitive, parameters, tensors' shapes, dtypes and dims and links by
+    # position (the same op in another layer) has the same groups over its own tensors
     ts = list(dict.fromkeys(op.outputs + op.inputs))
     pos = {t: k for k, t in enumerate(ts)}
     tensors = g.tensors
     key = (op.primitive, op.params, op.opaque, len(op.outputs), tuple(pos[t] for t in op.inputs),
-           tuple((tensors[t].shape, tensors[t].dims) for t in ts),
+           tuple((tensors[t].shape, tensors[t].dtype, tensors[t].dims) for t in ts),
            tuple(tuple((pos.get(t, -1), a) for t, a in link) for link in op.links))  # fmt: skip
     try:
         made = alike.get(key)
@@ -428,11 +432,23 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
     if made is None:
         v = _op_groups(g, op)
         if key is not None:
-            alike[key] = [(tuple((pos[t], a) for t, a in x.members), x.kind, x.dim) for x in v]
+            made = alike[key] = (
+                len(alike),
+                [(tuple((pos[t], a) for t, a in x.members), x.kind, x.dim) for x in v],
+            )
     else:
-        v = [Group(tuple((ts[k], a) for k, a in m), kind, dim) for m, kind, dim in made]
+        v = [Group(tuple((ts[k], a) for k, a in m), kind, dim) for m, kind, dim in made[1]]
+    if made is not None:
+        kinds[op.name] = made[0]
     cache[op.name] = v
     return v
+
+
+def op_kind(g: Graph, op: Op) -> int | None:
+    """An id shared by the ops of ``g`` alike in everything :func:`op_groups` reads (the same
+    op in another layer); ``None`` for a conv or an op whose parameters do not hash."""
+    op_groups(g, op)
+    return _groups_cache(g)[3].get(op.name)
 
 
 def _op_groups(g: Graph, op: Op) -> list[Group]:

@@ -55,7 +55,8 @@ GREEDY_DIMS = 8  # the dims (most input bytes first) it toggles
 ROUND_S = 2.0  # CP-SAT time per neighbourhood round at most
 FULL_S = 10.0  # CP-SAT time for a whole (small) formulation at most
 REFINE = 3  # shapes refined by the ILP (best seeds first)
-LEAST_MEMORY_S = 1.0  # the least-memory search when nothing fits, past the time limit at most
+LEAST_MEMORY_S = 1.0  # time left below which nothing-fits skips the least-memory search
+FINAL_SHARE = 0.25  # of the time limit kept for pricing the winner exactly, at most
 SEED_SHARE = 0.5  # of the time left that pricing the hand layouts on every shape may take
 
 
@@ -542,10 +543,13 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     _CLOCK.mark("trace")
     limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
     donated = donated_inputs(workload, graph)
+    ta = time.perf_counter()
     st = analyse(graph, share=share, donated=donated)
     _CLOCK.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = (_now() if _CLOCK.deterministic else t0) + time_limit_s
+    if not _CLOCK.deterministic:  # time for the final exact pricing, a walk like analyse's
+        deadline -= min(time.perf_counter() - ta, FINAL_SHARE * time_limit_s)
     results: list[ShapeResult] = []
     # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
     seed_deadline = _now() + SEED_SHARE * (deadline - _now())
@@ -611,8 +615,11 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     else:
         # nothing fits: report the layout that needs the least memory, and how much
         win = min((r for r in results if r.best is not None), key=lambda r: r.best.memory_bytes)
-        left = max(LEAST_MEMORY_S, deadline - _now())
-        win.best = least_memory(win.request, win.best, time_limit_s=left)
+        left = deadline - _now()
+        if left >= LEAST_MEMORY_S:  # the ILP's model alone takes seconds to build on 25k nodes
+            win.best = least_memory(win.request, win.best, time_limit_s=left)
+        else:
+            win.note = "time limit: least memory of the layouts tried (no least-memory search)"
         win.least_memory = win.best.memory_bytes
         status = "INFEASIBLE"
         _CLOCK.mark("least_memory")
@@ -652,7 +659,7 @@ def _least_memory_plan(workload, g, hw, results, limit, deadline, t0, t_trace, s
     return plan
 
 
-def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
+def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     """The best fitting hand-layout seed, priced as ``al.evaluate`` prices its rules (every
     tensor laid out by the rules, none chosen): (step time, shape result, name, mesh, rules,
     layouts, priced, axis names), or None. The request's strategies approximate a rule set (an output the
@@ -674,7 +681,8 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, donated):
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
     rs = RuleSet(g, mesh, rules)
     layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
-    priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups), donated=donated)
+    priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups),
+                   donated=st.donated, free=st.free, fused=st.fused)  # fmt: skip
     return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
 
 
@@ -691,13 +699,12 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     for t in g.tensors:
         if t not in layouts:
             layouts[t] = ((),) * len(g.tensors[t].shape)
-    priced = price(
-        g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]), donated=st.donated
-    )
+    priced = price(g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]),
+                   donated=st.donated, free=st.free, fused=st.fused)  # fmt: skip
     rules, exceptions = derive_rules(g, mesh, layouts)
     hand = None
     if check_hand and status != "INFEASIBLE":
-        hand = _hand_exactly(g, hw, results, limit, st.donated)
+        hand = _hand_exactly(g, hw, results, limit, st)
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
