@@ -395,6 +395,7 @@ def plan_from_costs(
     ops, colls = [], []
     reads: dict[str, dict] = {}
     layer = op_layers(g)
+    dims_of: dict[int, str] = {}
     for c in priced["costs"]:
         op = c.op
         diff = {t: w for t, w in c.wanted.items() if w != layouts[t]}
@@ -407,14 +408,7 @@ def plan_from_costs(
                 "kind": op.primitive,
                 "layer": layer.get(op.name, ""),
                 "scope": "/".join(op.scope),
-                "dims": ",".join(
-                    dict.fromkeys(
-                        d
-                        for t in op.outputs + op.inputs
-                        for d in g.tensors[t].dims
-                        if d is not None
-                    )
-                ),
+                "dims": _op_dims(g, op, dims_of),
                 "strategy": ",".join(f"{d}:{'x'.join(a)}" for d, a in c.strategy.items()),
                 "trips": op.trip_count,
                 "flops": c.flops,
@@ -465,6 +459,18 @@ def plan_from_costs(
         workload=workload,
         graph=g,
     )
+
+
+def _op_dims(g: Graph, op, memo: dict[int, str]) -> str:
+    """The dims an op's tensors carry, outputs first (the same for ops alike, see op_kind)."""
+    k = op_kind(g, op)
+    v = memo.get(k) if k is not None else None
+    if v is None:
+        ts = op.outputs + op.inputs
+        v = ",".join(dict.fromkeys(d for t in ts for d in g.tensors[t].dims if d is not None))
+        if k is not None:
+            memo[k] = v
+    return v
 
 
 def donated_inputs(workload: Workload | None, g: Graph) -> list[str]:

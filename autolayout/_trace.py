@@ -47,6 +47,7 @@ def _plain(v: Any) -> Any:
 
 
 _DTYPE_NAMES: dict[Any, str] = {}  # a jax dtype -> its numpy name
+_LOOPS = frozenset({"scan", "while", "cond"})  # ops whose bodies were walked (see _scan)
 
 
 class _Builder:
@@ -66,6 +67,7 @@ class _Builder:
         self.producer: dict[int, str] = {}
         self.scope: list[str] = []
         self.names: list[str] = []  # the name stacks of the equations being walked, outermost first
+        self.joined: list[str] = []  # "/".join of the non-empty names[: k + 1], per level k
         self.trip = 1
         self.loops: list[Loop] = []
         # tensor ids of every equation visited, keyed by its path (equation indices down the
@@ -73,6 +75,8 @@ class _Builder:
         self.visits: dict[tuple, tuple[list[int | None], list[int]]] = {}
         self.path: list[Any] = []
         self._count = itertools.count()
+        self.int_links: dict[int, list] = {}  # op number -> its links over tensor ids
+        self.number: dict[str, int] = {}  # op name -> op number
 
     # tensors ---------------------------------------------------------------------------
     def new(self, aval: Any, role: str = "intermediate", path: str | None = None) -> int:
@@ -138,6 +142,8 @@ class _Builder:
     ) -> str:
         name = f"{primitive}.{number}"
         groups = self._pending.pop()
+        self.int_links[number] = groups
+        self.number[name] = number
         op = Op(
             name=name,
             primitive=primitive,
@@ -149,7 +155,7 @@ class _Builder:
             scope=tuple(self.scope),
             trip_count=self.trip,
             opaque=opaque,
-            name_stack="/".join(n for n in self.names if n),
+            name_stack=self.joined[-1] if self.joined else "",
         )
         self.ops.append(op)
         for o in outs:
@@ -175,7 +181,10 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         prim = eqn.primitive.name
         walker = CALL_RULES.get(prim)
         b.path.append(index)
-        b.names.append(_user_names(eqn))
+        n = _user_names(eqn)
+        up = b.joined[-1] if b.joined else ""
+        b.names.append(n)
+        b.joined.append(f"{up}/{n}" if up and n else up or n)
         if walker is not None:
             outs = walker(b, eqn, ins_)
         else:
@@ -194,6 +203,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         b.visits[tuple(b.path)] = (ins_, outs)
         b.path.pop()
         b.names.pop()
+        b.joined.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
     return [env[v] if not isinstance(v, Literal) else b.new(v.aval, "const") for v in jaxpr.outvars]
@@ -424,11 +434,16 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
         if any(o in live for o in op.outputs):
             kept.append(op)
             live.update(op.outputs)  # a live op makes all its results (split, loops)
-            aliased = set(op.param("aliased_inputs", ()))  # live only if the body reads them
-            live.update(i for i in op.inputs if i not in aliased)
-            live.update(op.param("body_outputs", ()))
+            if op.primitive in _LOOPS:
+                aliased = set(op.param("aliased_inputs", ()))  # live if the body reads them
+                live.update(i for i in op.inputs if i not in aliased)
+                live.update(op.param("body_outputs", ()))
+            else:
+                live.update(op.inputs)
     kept.reverse()
     for i, op in enumerate(kept):  # a loop's constants its body never reads are not its inputs
+        if op.primitive not in _LOOPS:
+            continue
         aliased = set(op.param("aliased_inputs", ()))
         if any(t not in live for t in aliased):
             kept[i] = dataclasses.replace(op, inputs=tuple(t for t in op.inputs if t in live))
@@ -440,11 +455,12 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
         if lp.name in names
     ]
     b.links = []
-    for op in sorted(kept, key=lambda op: int(op.name.rsplit(".", 1)[1])):
-        for group in op.links:
+    offsets = b.offsets
+    for number in sorted(b.number[op.name] for op in kept):  # program order: opened first
+        for group in b.int_links[number]:
             (t0, a0), *rest = group
-            k0 = b.key(int(t0[1:]), a0)
-            b.links.extend((k0, b.key(int(t[1:]), a)) for t, a in rest)
+            k0 = offsets[t0] + a0
+            b.links.extend((k0, offsets[t] + a) for t, a in rest)
     return {int(t[1:]) for t in live}
 
 

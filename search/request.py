@@ -172,27 +172,39 @@ def analyse(
              op.trip_count, op.name in fused, op.opaque, op.name in follows)
         )  # fmt: skip
     if share:
-        for _ in range(WL_ROUNDS):
-            new = {}
 
-            def src(t: str, colour: dict[str, int] = colour) -> int:
+        def ref(t: str) -> tuple[str, tuple[int, ...]]:
+            """Where an input's colour comes from: its producer (or source) key, seen
+            through the loop boundaries' shifts on the way (innermost last)."""
+            shifts = []
+            b = follow_shift.get(t)
+            while b is not None:
+                shifts.append(b.shift)
+                t = b.src
                 b = follow_shift.get(t)
-                if b is not None:
-                    return hash((src(b.src), b.shift))
-                return colour[producer[t]] if t in producer else colour.get("T" + t, 0)
+            return producer.get(t) or "T" + t, tuple(shifts)
 
-            for op in g.ops:
-                if op.primitive in LOOP_OPS:
-                    new[op.name] = colour[op.name]
-                    continue
-                ins = tuple(src(t) for t in op.inputs)
-                outs = tuple(
-                    tuple(sorted(colour[r] for r in readers.get(t, ()))) for t in op.outputs
-                )
-                new[op.name] = _digest((colour[op.name], ins, outs))
-            for t in sources:
-                outs = tuple(sorted(colour[r] for r in readers.get(t, ())))
-                new["T" + t] = _digest((colour["T" + t], outs))
+        walk = [
+            (op.name, [ref(t) for t in op.inputs], [readers.get(t, ()) for t in op.outputs])
+            for op in g.ops
+            if op.primitive not in LOOP_OPS
+        ]
+        loops = [op.name for op in g.ops if op.primitive in LOOP_OPS]
+        src_readers = [("T" + t, readers.get(t, ())) for t in sources]
+        for _ in range(WL_ROUNDS):
+            new = {name: colour[name] for name in loops}
+            get = colour.get
+            for name, refs, outr in walk:
+                ins = []
+                for k, shifts in refs:
+                    c = get(k, 0)
+                    for sh in reversed(shifts):
+                        c = hash((c, sh))
+                    ins.append(c)
+                outs = tuple(tuple(sorted([colour[r] for r in rs])) for rs in outr)
+                new[name] = hash((colour[name], tuple(ins), outs))
+            for key, rs in src_readers:
+                new[key] = hash((colour[key], tuple(sorted([colour[r] for r in rs]))))
             colour = new
 
     # nodes: leader ops and source tensors, merged by colour when sharing
