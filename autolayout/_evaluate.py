@@ -23,7 +23,7 @@ from ._hardware import Hardware, hardware
 from ._ir import Graph, Tensor, model_named
 from ._plan import Plan
 from ._workload import Workload
-from .cost_models.sharding import OpCost, op_cost, op_kind
+from .cost_models.sharding import OpCost, local_bytes, op_cost, op_kind
 
 RuleSpec = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
@@ -210,7 +210,6 @@ def price(
         Machine,
         free_tensors,
         fused_ops,
-        local_bytes,
         op_groups,
     )
 
@@ -242,8 +241,9 @@ def price(
             if w != layouts[t] and t not in free:
                 span = spans.setdefault((t, w), [index[c.op.name], index[c.op.name]])
                 span[1] = index[c.op.name]
-    copies = [(a, b, local_bytes(g.tensors[t], w, mesh)) for (t, w), (a, b) in spans.items()]
-    mem = liveness_peak(g, lambda t: local_bytes(g.tensors[t], layouts[t], mesh), donated, copies)
+    nbytes = _bytes_of(g, mesh)
+    copies = [(a, b, nbytes(t, w)) for (t, w), (a, b) in spans.items()]
+    mem = liveness_peak(g, lambda t: nbytes(t, layouts[t]), donated, copies)
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices
     predicted = {
@@ -390,8 +390,8 @@ def plan_from_costs(
     solver: dict[str, Any],
 ) -> Plan:
     from ._report import op_layers
-    from .cost_models.sharding import local_bytes
 
+    nbytes = _bytes_of(g, mesh)
     ops, colls = [], []
     reads: dict[str, dict] = {}
     layer = op_layers(g)
@@ -416,7 +416,7 @@ def plan_from_costs(
                 "compute_s": c.compute_s,
                 "comm_s": c.comm_s,
                 "collective": ",".join(kinds),
-                "memory": sum(local_bytes(g.tensors[t], layouts[t], mesh) for t in op.outputs),
+                "memory": sum(nbytes(t, layouts[t]) for t in op.outputs),
             }
         )
         for x in c.comms:
@@ -459,6 +459,25 @@ def plan_from_costs(
         workload=workload,
         graph=g,
     )
+
+
+def _bytes_of(g: Graph, mesh: Mapping[str, int]):
+    """``local_bytes`` of a tensor in a layout, memoised by shape, dtype and layout (a
+    96-layer step has 38k tensors of a few dozen shapes)."""
+    memo: dict[tuple, int] = {}
+
+    def nbytes(t: str, layout) -> int:
+        tt = g.tensors[t]
+        try:
+            key = (tt.shape, tt.dtype, layout)
+            v = memo.get(key)
+        except TypeError:  # a layout given as lists
+            return local_bytes(tt, layout, mesh)
+        if v is None:
+            v = memo[key] = local_bytes(tt, layout, mesh)
+        return v
+
+    return nbytes
 
 
 def _op_dims(g: Graph, op, memo: dict[int, str]) -> str:

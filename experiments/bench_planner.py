@@ -6,8 +6,9 @@
 For 1, 2, 8, 24, 48 and 96 unrolled layers, with structurally identical layers sharing one
 decision (``share=True``) and without, it records the whole planning time (trace + request
 + every mesh shape + solve), its phases (``plan.solver["phases_s"]``), how many mesh shapes
-were seeded in the time, the plan found, and the size of the model the solver saw (nodes,
-variables, constraints of the chosen shape's last ILP). Each time limit is one series; the
+were seeded in the time, the plan found, the size of the model the solver saw (nodes,
+variables, constraints of the chosen shape's last ILP), and ``reference_s``: a fixed
+pure-Python workload timed just before the row, for how fast the (shared) machine was. Each time limit is one series; the
 short one shows the fixed costs (trace, analysis, final pricing) the limit cannot cut.
 """
 
@@ -48,8 +49,21 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96), time_limits=(30.0, 5.0)) -> pd.Data
     return df
 
 
+def reference_s() -> float:
+    """Seconds of a fixed pure-Python workload (dicts, tuples, hashes: what the planner
+    does), timed before each run: this shared machine's speed varies by up to 2x over a
+    day, and this says how fast it was when a row was measured."""
+    t0 = time.perf_counter()
+    d: dict = {}
+    for i in range(300_000):
+        k = (i % 997, (i * 7) % 1013, f"t{i % 50}")
+        d[k] = d.get(k, 0) + hash(k) % 7
+    return time.perf_counter() - t0
+
+
 def run(layers: int, share: bool, time_limit_s: float) -> dict:
     wl = al.load_workload(ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers, remat="full")
+    ref = reference_s()
     t0 = time.perf_counter()
     p = al.plan(wl, HW, time_limit_s=time_limit_s, share=share)
     wall = time.perf_counter() - t0
@@ -75,6 +89,7 @@ def run(layers: int, share: bool, time_limit_s: float) -> dict:
         "step_time_s": p.predicted["step_time_s"],
         "memory_gib": p.predicted["memory_bytes_per_device"] / 2**30,
         "fits": bool(p.predicted["fits"]),
+        "reference_s": ref,
     }
 
 
