@@ -35,6 +35,9 @@ class Dim:
     user: bool = False  # named by the user with ``al.spec``
 
 
+LOOP_OPS = frozenset({"scan", "while", "cond"})  # ops whose bodies are ops of the graph
+
+
 def model_named(dim: str | None) -> bool:
     """Whether ``dim`` is a name the model gave (``al.spec``, ``al.name_dims``, or a reshape's
     merge of such names), not a fallback the tracer made up: those carry ``#`` (another dim
@@ -62,7 +65,7 @@ class Tensor:
         size = _ITEMSIZE.get(self.dtype)
         if size is None:
             size = _ITEMSIZE[self.dtype] = np.dtype(self.dtype).itemsize
-        return math.prod(self.shape) * size
+        return self.size * size
 
 
 _ITEMSIZE: dict[str, int] = {}  # dtype name -> bytes (np.dtype() is slow on a hot path)

@@ -32,7 +32,7 @@ from jax.extend.core import Literal
 
 from ._dim_rules import DIM_RULES
 from ._errors import TraceError, WorkloadError
-from ._ir import Dim, Graph, Loop, Op, Tensor
+from ._ir import LOOP_OPS, Dim, Graph, Loop, Op, Tensor
 from ._workload import Spec, Workload, path_str
 
 
@@ -47,7 +47,6 @@ def _plain(v: Any) -> Any:
 
 
 _DTYPE_NAMES: dict[Any, str] = {}  # a jax dtype -> its numpy name
-_LOOPS = frozenset({"scan", "while", "cond"})  # ops whose bodies were walked (see _scan)
 
 
 class _Builder:
@@ -66,8 +65,9 @@ class _Builder:
         self.ops: list[Op] = []
         self.producer: dict[int, str] = {}
         self.scope: list[str] = []
-        self.names: list[str] = []  # the name stacks of the equations being walked, outermost first
-        self.joined: list[str] = []  # "/".join of the non-empty names[: k + 1], per level k
+        # per level of the walk, outermost first: "/".join of the equations' non-empty name
+        # stacks down to it
+        self.joined: list[str] = []
         self.trip = 1
         self.loops: list[Loop] = []
         # tensor ids of every equation visited, keyed by its path (equation indices down the
@@ -76,7 +76,6 @@ class _Builder:
         self.path: list[Any] = []
         self._count = itertools.count()
         self.int_links: dict[int, list] = {}  # op number -> its links over tensor ids
-        self.number: dict[str, int] = {}  # op name -> op number
 
     # tensors ---------------------------------------------------------------------------
     def new(self, aval: Any, role: str = "intermediate", path: str | None = None) -> int:
@@ -143,7 +142,6 @@ class _Builder:
         name = f"{primitive}.{number}"
         groups = self._pending.pop()
         self.int_links[number] = groups
-        self.number[name] = number
         op = Op(
             name=name,
             primitive=primitive,
@@ -183,7 +181,6 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         b.path.append(index)
         n = _user_names(eqn)
         up = b.joined[-1] if b.joined else ""
-        b.names.append(n)
         b.joined.append(f"{up}/{n}" if up and n else up or n)
         if walker is not None:
             outs = walker(b, eqn, ins_)
@@ -202,7 +199,6 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
             b.emit(number, prim, ins_, outs, params, flops, opaque)
         b.visits[tuple(b.path)] = (ins_, outs)
         b.path.pop()
-        b.names.pop()
         b.joined.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
             env[v] = t
@@ -434,7 +430,7 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
         if any(o in live for o in op.outputs):
             kept.append(op)
             live.update(op.outputs)  # a live op makes all its results (split, loops)
-            if op.primitive in _LOOPS:
+            if op.primitive in LOOP_OPS:
                 aliased = set(op.param("aliased_inputs", ()))  # live if the body reads them
                 live.update(i for i in op.inputs if i not in aliased)
                 live.update(op.param("body_outputs", ()))
@@ -442,7 +438,7 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
                 live.update(op.inputs)
     kept.reverse()
     for i, op in enumerate(kept):  # a loop's constants its body never reads are not its inputs
-        if op.primitive not in _LOOPS:
+        if op.primitive not in LOOP_OPS:
             continue
         aliased = set(op.param("aliased_inputs", ()))
         if any(t not in live for t in aliased):
@@ -456,7 +452,8 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     ]
     b.links = []
     offsets = b.offsets
-    for number in sorted(b.number[op.name] for op in kept):  # program order: opened first
+    numbers = sorted(int(op.name.rsplit(".", 1)[1]) for op in kept)  # opened first
+    for number in numbers:
         for group in b.int_links[number]:
             (t0, a0), *rest = group
             k0 = offsets[t0] + a0

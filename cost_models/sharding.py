@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 
 from autolayout._errors import LayoutError
 from autolayout._hardware import Hardware
-from autolayout._ir import Graph, Op, Tensor
+from autolayout._ir import LOOP_OPS, Graph, Op, Tensor
 
 from .collectives import Segment, collective_time, group_segments, place_mesh
 from .compute import MATRIX_OPS, op_time
 
 Layout = tuple[tuple[str, ...], ...]
 
-LOOP_OPS = frozenset({"scan", "while", "cond"})
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
     {"dot_general", "conv_general_dilated", "reduce_sum", "gather", "scatter-add", "scatter_add"}
@@ -200,19 +199,18 @@ def from_partial(
         return reshard(m, t, tuple(tuple(x) for x in produced), dst)
     out: list[Comm] = []
     cur = [tuple(x) for x in produced]
-    if partial:
-        dp = _axis_positions(dst)
-        used = {a for axes in cur for a in axes}
-        scatter = [a for a in partial if a in dp and a not in used] if m.reduce_scatter else []
-        rest = tuple(a for a in partial if a not in scatter)
-        if scatter:
-            for a in scatter:
-                cur[dp[a]] = cur[dp[a]] + (a,)
-            result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-            out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial"))
-        if rest:
-            result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-            out.append(m.comm("all-reduce", rest, result, t.name, "partial"))
+    dp = _axis_positions(dst)
+    used = {a for axes in cur for a in axes}
+    scatter = [a for a in partial if a in dp and a not in used] if m.reduce_scatter else []
+    rest = tuple(a for a in partial if a not in scatter)
+    if scatter:
+        for a in scatter:
+            cur[dp[a]] = cur[dp[a]] + (a,)
+        result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
+        out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial"))
+    if rest:
+        result = m.reduction_bytes(t, local_bytes(t, tuple(cur), m.mesh))
+        out.append(m.comm("all-reduce", rest, result, t.name, "partial"))
     return out + reshard(m, t, tuple(cur), dst)
 
 

@@ -579,33 +579,14 @@ def build(st: Structure, hw: Hardware, mesh: dict[str, int]) -> Request:
                 node = Node("op", members, [], wanted={j: [] for j in range(len(op.inputs))})
                 sizes = [[g.tensors[t].shape[a] for t, a in grp.members] for grp in groups]
                 kinds = [grp.kind != "fixed" for grp in groups]
-                # layouts_of by position: each tensor axis's group (-1: whole)
-                ts = list(dict.fromkeys(op.outputs + op.inputs))
-                at = {t: k for k, t in enumerate(ts)}
-                gmap = [[-1] * len(g.tensors[t].shape) for t in ts]
-                for gi, grp in enumerate(groups):
-                    for t, a in grp.members:
-                        gmap[at[t]][a] = gi
-                sums = [gi for gi, grp in enumerate(groups) if grp.kind in ("sum", "max", "min")]
-                in_at = [at[t] for t in op.inputs]
-                out_at = [at[t] for t in op.outputs]
-                wanted_lists = [node.wanted[j] for j in range(len(op.inputs))]
                 for assign in _splits(sizes, kinds, mesh):
-                    lay = [tuple(assign[gi] if gi >= 0 else () for gi in gm) for gm in gmap]
-                    partial = tuple(a for gi in sums for a in assign[gi])
-                    wid = [lid(lay[k]) for k in in_at]
-                    if partial:
-                        produced = {t: lay[k] for t, k in zip(op.outputs, out_at, strict=True)}
-                        done = [tuple(lid(x) for x in outs)
-                                for outs in _completions(g, op, produced, partial, mesh)]  # fmt: skip
-                    else:
-                        done = [tuple(lid(lay[k]) for k in out_at)]
-                    idx = node.by_assign.setdefault(assign, [])
-                    for outs in done:
-                        idx.append(len(node.strategies))
-                        node.strategies.append(Strategy(assign, outs))
-                        for lst, w in zip(wanted_lists, wid, strict=True):
-                            lst.append(w)
+                    wanted, produced, partial = layouts_of(g, op, groups, list(assign))
+                    wid = [lid(wanted[t]) for t in op.inputs]
+                    for outs in _completions(g, op, produced, partial, mesh):
+                        node.by_assign.setdefault(assign, []).append(len(node.strategies))
+                        node.strategies.append(Strategy(assign, tuple(lid(x) for x in outs)))
+                        for j in range(len(op.inputs)):
+                            node.wanted[j].append(wid[j])
                 alike[key] = node
             else:  # strategies, wanted layouts and the index by assignment are read-only
                 node = Node("op", members, made.strategies, wanted=made.wanted,
