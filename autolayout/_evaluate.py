@@ -20,10 +20,17 @@ from typing import Any
 
 from ._errors import MeshError, RuleError
 from ._hardware import Hardware, hardware
-from ._ir import Graph, Tensor, model_named
+from ._ir import Graph, Tensor, model_named, op_index, per_graph
 from ._plan import Plan
 from ._workload import Workload
-from .cost_models.sharding import OpCost, local_bytes, op_cost, op_kind
+from .cost_models.sharding import (
+    OpCost,
+    copied_inputs,
+    local_bytes,
+    op_cost,
+    op_kind,
+    reshard,
+)
 
 RuleSpec = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
@@ -77,16 +84,14 @@ def check_mesh(hw: Hardware, mesh: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-_CARRIED: tuple[Graph, dict[str, Tensor]] | None = None  # the last graph's, see _carried
-
-
 def _carried(g: Graph) -> dict[str, Tensor]:
     """The dims a rule may name, each with a tensor that carries it: the inputs' dims and
-    the dims the model named inside the step (``al.name_dims``). Cached for the last graph
-    (the search builds hundreds of rule sets over one 36k-tensor graph)."""
-    global _CARRIED
-    if _CARRIED is not None and _CARRIED[0] is g:
-        return _CARRIED[1]
+    the dims the model named inside the step (``al.name_dims``). Cached on the graph (the
+    search builds hundreds of rule sets over one 36k-tensor graph)."""
+    return g.derived("carried", lambda: _find_carried(g))
+
+
+def _find_carried(g: Graph) -> dict[str, Tensor]:
     carried: dict[str, Tensor] = {}
     for t in g.inputs:
         for d in g.tensors[t].dims:
@@ -96,7 +101,6 @@ def _carried(g: Graph) -> dict[str, Tensor]:
         for d in t.dims:
             if model_named(d):
                 carried.setdefault(d, t)
-    _CARRIED = (g, carried)
     return carried
 
 
@@ -197,12 +201,11 @@ def price(
     assign_of,
     *,
     donated: Sequence[str] = (),
-    free: set[str] | None = None,
-    fused: set[str] | None = None,
+    reuse: bool = True,
 ) -> dict[str, Any]:
     """Prices a whole step: ``layouts`` of every tensor, ``assign_of(op, groups)`` each op's
-    strategy. Returns the per-op costs and the totals. ``free`` and ``fused`` are the
-    graph's :func:`free_tensors` and :func:`fused_ops` where the caller has them."""
+    strategy. Returns the per-op costs and the totals. ``reuse=False`` prices every op on
+    its own instead of reusing the cost of an op alike (the tests hold the two equal)."""
     from .cost_models.compute import peak_flops
     from .cost_models.memory import aliased_outputs, liveness_peak
     from .cost_models.sharding import (
@@ -216,25 +219,25 @@ def price(
     m = Machine(hw, mesh)
     costs: list[OpCost] = []
     resharded: set = set()
-    free = free_tensors(g) if free is None else free
-    fused = fused_ops(g) if fused is None else fused
-    alike: dict[tuple, OpCost] = {}
+    free, fused = free_tensors(g), fused_ops(g)
+    alike: dict[tuple, tuple] = {}
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
         groups = op_groups(g, op)
         assign = assign_of(op, groups)
-        costs.append(
-            _op_cost_alike(m, g, op, groups, assign, layouts, resharded, free, fused, alike)
-        )
+        if reuse:
+            c = _op_cost_alike(m, g, op, groups, assign, layouts, resharded, free, fused, alike)
+        else:
+            c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+        costs.append(c)
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
     used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)
     flops = sum(c.flops * c.op.trip_count for c in costs)
-    again = recomputed_ops(g)
-    model_flops = sum(op.flops * op.trip_count for op in g.ops if op.name not in again)
-    index = {op.name: i for i, op in enumerate(g.ops)}
+    model_flops = _model_flops(g)
+    index = op_index(g)
     spans: dict[tuple, list[int]] = {}  # (tensor, layout) read in another layout: op span
     for c in costs:
         for t, w in c.wanted.items():
@@ -275,35 +278,56 @@ def price(
 def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fused, alike):
     """``op_cost``, reused for an op alike in everything the cost depends on (primitive,
     parameters, FLOPs, fusion, shapes, groups, strategy and the layouts of its tensors) to one
-    priced before, where that one reads every input in its own layout (no copies, whose
-    sharing depends on the tensor) and is not a conv (halos); the 96 layers of a stack are
-    priced once each kind. Tensor names are renamed to the op's own."""
-    key = None
-    kind = op_kind(g, op)
-    if kind is not None and all(grp.dim is not None for grp in groups):
-        key = (kind, op.flops, op.name in fused, tuple(tuple(a) for a in assign),
-               tuple(layouts[t] for t in op.inputs), tuple(layouts[t] for t in op.outputs),
-               tuple(t in free for t in op.inputs))  # fmt: skip
-        try:
-            c0 = alike.get(key)
-        except TypeError:  # layouts given as lists
-            key = c0 = None
-        if c0 is not None:
-            ins0, outs0 = c0.op.inputs, c0.op.outputs
-            rename = dict(zip(outs0, op.outputs, strict=True))
-            comms = [
-                dataclasses.replace(x, tensor=rename.get(x.tensor, x.tensor)) for x in c0.comms
-            ]
-            return OpCost(
-                op, c0.strategy,
-                {t: c0.wanted[t0] for t, t0 in zip(op.inputs, ins0, strict=True)},
-                {t: c0.produced[t0] for t, t0 in zip(op.outputs, outs0, strict=True)},
-                c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
-            )  # fmt: skip
-    c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
-    if key is not None and all(c.wanted[t] == layouts[t] or t in free for t in op.inputs):
-        alike[key] = c
-    return c
+    priced before, and not a conv (halos): the 96 layers of a stack are priced once each kind.
+    Tensor names are renamed to the op's own. A copy of an input is charged as ``op_cost``
+    charges it: once per tensor, layout and trip count (``resharded``)."""
+    static = g.derived("alike ops", dict)  # op -> what its key holds of the graph
+    kind = static.get(op.name)
+    if kind is None:
+        k = op_kind(g, op)
+        ok = k is not None and all(grp.dim is not None for grp in groups)
+        kind = static[op.name] = (
+            (k, op.flops, op.name in fused, tuple(t in free for t in op.inputs)) if ok else False
+        )
+    if kind is False:
+        return op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+    ins, outs = op.inputs, op.outputs
+    key = (kind, tuple(assign), tuple([layouts[t] for t in ins]), tuple([layouts[t] for t in outs]))
+    try:
+        made = alike.get(key)
+    except TypeError:  # layouts given as lists
+        return op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+    if made is None:  # priced with no copy shared; the copies' collectives apart
+        c0 = op_cost(m, g, op, groups, assign, layouts, None, free, fused)
+        copies = []
+        for t in copied_inputs(op, c0.wanted, layouts, free):
+            copies.append(
+                (ins.index(t), c0.wanted[t], reshard(m, g.tensors[t], layouts[t], c0.wanted[t]))
+            )
+        rest = c0.comms[sum(len(cc) for _, _, cc in copies) :]
+        made = alike[key] = (c0, copies, rest)
+    c0, copies, rest = made
+    ins0, outs0 = c0.op.inputs, c0.op.outputs
+    same = ins0 is ins and outs0 is outs
+    comms: list = []
+    for pos, w, cc in copies:
+        t = ins[pos]
+        k = (t, w, op.trip_count)
+        if k in resharded:
+            continue
+        resharded.add(k)
+        comms += cc if t == ins0[pos] else [dataclasses.replace(x, tensor=t) for x in cc]
+    if same:
+        return OpCost(op, c0.strategy, c0.wanted, c0.produced, c0.partial, c0.flops, c0.bytes,
+                      c0.compute_s, comms + rest)  # fmt: skip
+    rename = dict(zip(outs0, outs, strict=True))
+    comms += [dataclasses.replace(x, tensor=rename.get(x.tensor, x.tensor)) for x in rest]
+    return OpCost(
+        op, c0.strategy,
+        {t: c0.wanted[t0] for t, t0 in zip(ins, ins0, strict=True)},
+        {t: c0.produced[t0] for t, t0 in zip(outs, outs0, strict=True)},
+        c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
+    )  # fmt: skip
 
 
 def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:
@@ -327,6 +351,7 @@ def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:
     return list(rows.values())
 
 
+@per_graph
 def recomputed_ops(g: Graph) -> set[str]:
     """The ops that redo forward work in the backward pass (remat), for MFU's model FLOPs.
 
@@ -335,7 +360,7 @@ def recomputed_ops(g: Graph) -> set[str]:
     backward; an op of it is a recomputation when none of its inputs depends on a cotangent,
     i.e. on a value the backward pass made outside the recomputation.
     """
-    index = {op.name: i for i, op in enumerate(g.ops)}
+    index = op_index(g)
     producer = {o: op.name for op in g.ops for o in op.outputs}
     losses = [
         producer[o]
@@ -368,6 +393,14 @@ def recomputed_ops(g: Graph) -> set[str]:
     return again
 
 
+@per_graph
+def _model_flops(g: Graph) -> float:
+    """The step's FLOPs without the recomputed ones (what MFU counts)."""
+    again = recomputed_ops(g)
+    return sum(op.flops * op.trip_count for op in g.ops if op.name not in again)
+
+
+@per_graph
 def _main_dtype(g: Graph) -> str:
     """The element type of most matmul FLOPs (what the MFU's peak is taken at)."""
     by: dict[str, float] = {}
@@ -396,12 +429,18 @@ def plan_from_costs(
     reads: dict[str, dict] = {}
     layer = op_layers(g)
     dims_of: dict[int, str] = {}
+    strategy: dict[int, str] = {}  # id of a cost's strategy (ops alike share one) -> text
     for c in priced["costs"]:
         op = c.op
         diff = {t: w for t, w in c.wanted.items() if w != layouts[t]}
         if diff:
             reads[op.name] = diff
-        kinds = sorted({x.kind for x in c.comms})
+        kinds = sorted({x.kind for x in c.comms}) if c.comms else ()
+        text = strategy.get(id(c.strategy))
+        if text is None:
+            text = strategy[id(c.strategy)] = ",".join(
+                f"{d}:{'x'.join(a)}" for d, a in c.strategy.items()
+            )
         ops.append(
             {
                 "op": op.name,
@@ -409,7 +448,7 @@ def plan_from_costs(
                 "layer": layer.get(op.name, ""),
                 "scope": "/".join(op.scope),
                 "dims": _op_dims(g, op, dims_of),
-                "strategy": ",".join(f"{d}:{'x'.join(a)}" for d, a in c.strategy.items()),
+                "strategy": text,
                 "trips": op.trip_count,
                 "flops": c.flops,
                 "bytes": c.bytes,

@@ -17,8 +17,9 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,9 +123,21 @@ class Graph:
     outputs: tuple[str, ...]
     loops: tuple[Loop, ...] = ()
     dims: Mapping[str, int] = field(init=False)
+    # values computed from the graph, by the passes that read it often (see derived)
+    _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", {d.name: d.size for d in self.dim_info.values()})
+
+    def derived(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per graph under ``key`` (the graph is immutable, so what
+        is derived from it never goes stale): the search and the final pricing read the same
+        36k-op graph hundreds of times. Callers must not change what they get."""
+        try:
+            return self._derived[key]
+        except KeyError:
+            v = self._derived[key] = make()
+            return v
 
     @property
     def opaque(self) -> list[Op]:
@@ -157,6 +170,24 @@ class Graph:
     def total_flops(self) -> float:
         """FLOPs of one step, loops multiplied out."""
         return sum(op.flops * op.trip_count for op in self.ops)
+
+
+def per_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Caches ``fn(g, *args)`` on graph ``g`` (:meth:`Graph.derived`); lists among ``args``
+    key as tuples. For the mesh-independent passes the search and the pricing repeat."""
+
+    @functools.wraps(fn)
+    def cached(g: Graph, *args: Any) -> Any:
+        key = (fn, tuple(tuple(a) if isinstance(a, list) else a for a in args))
+        return g.derived(key, lambda: fn(g, *args))
+
+    return cached
+
+
+@per_graph
+def op_index(g: Graph) -> dict[str, int]:
+    """Each op's position in program order."""
+    return {op.name: i for i, op in enumerate(g.ops)}
 
 
 class GraphInvariantError(AssertionError):

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._ir import per_graph
+
 if TYPE_CHECKING:
     from ._ir import Graph
     from ._plan import Plan
@@ -38,6 +40,7 @@ def _layer_key(parts: list[str]) -> str:
     return parts[0] if parts else ""
 
 
+@per_graph
 def op_layers(g: Graph) -> dict[str, str]:
     """The layer of every op, for grouping a report.
 

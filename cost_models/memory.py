@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout._ir import Graph
+from autolayout._ir import Graph, per_graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,7 @@ def _category(path: str | None) -> str:
     return path.split("/", 1)[0] if path else "inputs"
 
 
+@per_graph
 def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
     """Step outputs that take a donated input's buffer: output -> input. The k-th output of a
     shape and dtype reuses the k-th donated input of that shape and dtype (a train step
@@ -50,6 +51,7 @@ def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
     return out
 
 
+@per_graph
 def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int]]:
     """``(tensor, first op index, last op index)`` of every buffer the step allocates: op
     results from the op that writes them to their last reader (the step's outputs to the

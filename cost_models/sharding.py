@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from autolayout._errors import LayoutError
 from autolayout._hardware import Hardware
-from autolayout._ir import LOOP_OPS, Graph, Op, Tensor
+from autolayout._ir import LOOP_OPS, Graph, Op, Tensor, per_graph
 
 from .collectives import Segment, collective_time, group_segments, place_mesh
 from .compute import MATRIX_OPS, op_time
@@ -393,22 +393,16 @@ def conv_split(
     return out, factor
 
 
-# the last graph's groups: by op, templates by an op's structure, and each op's template id
-_GROUPS: tuple[Graph, dict[str, list[Group]], dict[tuple, tuple], dict[str, int]] | None = None
-
-
-def _groups_cache(g: Graph):
-    global _GROUPS
-    if _GROUPS is None or _GROUPS[0] is not g:
-        _GROUPS = (g, {}, {}, {})
-    return _GROUPS
+def _groups_cache(g: Graph) -> tuple[dict[str, list[Group]], dict[tuple, tuple], dict[str, int]]:
+    """The graph's groups so far: by op, templates by an op's structure, each op's template id."""
+    return g.derived("op_groups", lambda: ({}, {}, {}))
 
 
 def op_groups(g: Graph, op: Op) -> list[Group]:
-    """The op's groups, in a fixed order (outputs' axes first). Cached for the graph last
-    asked about (the search and the final pricing walk one graph many times; the cache holds
-    that one graph alive); the list is shared, so callers must not change it."""
-    _, cache, alike, kinds = _groups_cache(g)
+    """The op's groups, in a fixed order (outputs' axes first). Cached on the graph (the
+    search and the final pricing walk one graph many times); the list is shared, so callers
+    must not change it."""
+    cache, alike, kinds = _groups_cache(g)
     v = cache.get(op.name)
     if v is not None:
         return v
@@ -445,8 +439,10 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
 def op_kind(g: Graph, op: Op) -> int | None:
     """An id shared by the ops of ``g`` alike in everything :func:`op_groups` reads (the same
     op in another layer); ``None`` for a conv or an op whose parameters do not hash."""
-    op_groups(g, op)
-    return _groups_cache(g)[3].get(op.name)
+    cache, _, kinds = _groups_cache(g)
+    if op.name not in cache:
+        op_groups(g, op)
+    return kinds.get(op.name)
 
 
 def _op_groups(g: Graph, op: Op) -> list[Group]:
@@ -555,6 +551,7 @@ class OpCost:
         return sum(c.time_s for c in self.comms)
 
 
+@per_graph
 def fused_ops(g: Graph) -> set[str]:
     """Elementwise ops XLA fuses into their consumers: their results never reach HBM.
 
@@ -585,6 +582,7 @@ def fused_ops(g: Graph) -> set[str]:
     return fused
 
 
+@per_graph
 def free_tensors(g: Graph) -> set[str]:
     """Tensors any device can make in any layout: iotas, splats of a scalar, their converts."""
     free: set[str] = set()
@@ -616,6 +614,16 @@ def layouts_of(
     return wanted, produced, tuple(partial)
 
 
+def copied_inputs(op: Op, wanted: dict[str, Layout], layouts, free: set[str] | None) -> list[str]:
+    """The op's inputs (each once, in order) it reads in another layout than they have: the
+    ones that need a copy (tensors in ``free`` are re-made instead)."""
+    return [
+        t
+        for t in dict.fromkeys(op.inputs)
+        if wanted[t] != layouts[t] and (free is None or t not in free)
+    ]
+
+
 def op_cost(
     m: Machine,
     g: Graph,
@@ -637,9 +645,7 @@ def op_cost(
     """
     wanted, produced, partial = layouts_of(g, op, groups, assign)
     comms: list[Comm] = []
-    for t in dict.fromkeys(op.inputs):
-        if wanted[t] == layouts[t] or (free is not None and t in free):
-            continue
+    for t in copied_inputs(op, wanted, layouts, free):
         if resharded is not None:
             key = (t, wanted[t], op.trip_count)
             if key in resharded:

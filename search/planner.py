@@ -682,7 +682,7 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     rs = RuleSet(g, mesh, rules)
     layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
     priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups),
-                   donated=st.donated, free=st.free, fused=st.fused)  # fmt: skip
+                   donated=st.donated)  # fmt: skip
     return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
 
 
@@ -691,16 +691,12 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     req = win.request
     choice = win.best.choice
     names = _axis_names(g, req, choice)
-    layouts = {t: tuple(tuple(names[a] for a in axes) for axes in lay)
-               for t, lay in req.layouts_of(choice).items()}  # fmt: skip
-    assigns = {op: tuple(tuple(names[a] for a in axes) for axes in asg)
-               for op, asg in req.assigns_of(choice).items()}  # fmt: skip
+    layouts, assigns = req.layouts_of(choice, names), req.assigns_of(choice, names)
     mesh = {names[a]: n for a, n in win.mesh.items()}
     for t in g.tensors:
         if t not in layouts:
             layouts[t] = ((),) * len(g.tensors[t].shape)
-    priced = price(g, hw, mesh, layouts, lambda op, groups: list(assigns[op.name]),
-                   donated=st.donated, free=st.free, fused=st.fused)  # fmt: skip
+    priced = price(g, hw, mesh, layouts, lambda op, groups: assigns[op.name], donated=st.donated)
     rules, exceptions = derive_rules(g, mesh, layouts)
     hand = None
     if check_hand and status != "INFEASIBLE":

@@ -35,7 +35,7 @@ import numpy as np
 from autolayout._dim_rules import ELEMENTWISE
 from autolayout._evaluate import _step_time
 from autolayout._hardware import Hardware
-from autolayout._ir import Graph, Op
+from autolayout._ir import Graph, Op, op_index
 from autolayout.cost_models.memory import aliased_outputs, lifetimes, liveness_peak
 from autolayout.cost_models.sharding import (
     LOOP_OPS,
@@ -130,7 +130,7 @@ def analyse(
     ``merge=False`` keeps every op a decision of its own (no followers)."""
     free = free_tensors(g)
     fused = fused_ops(g)
-    index = {op.name: i for i, op in enumerate(g.ops)}
+    index = op_index(g)
     ops = {op.name: op for op in g.ops}
     readers: dict[str, list[str]] = {}
     for op in g.ops:
@@ -431,24 +431,42 @@ class Request:
         return v
 
     # --- a tensor's layout under a choice (one strategy index per node) -------------------
-    def layouts_of(self, choice: Sequence[int]) -> dict[str, Layout]:
+    def layouts_of(
+        self, choice: Sequence[int], names: dict[str, str] | None = None
+    ) -> dict[str, Layout]:
+        """Each tensor's layout under ``choice``; ``names`` renames the mesh axes."""
         root = self.structure.root
-        return {t: self.layouts[m[choice[root[t].node]]] for t, m in self.maps.items()}
+        lays = self.layouts if names is None else [_renamed(x, names) for x in self.layouts]
+        return {t: lays[m[choice[root[t].node]]] for t, m in self.maps.items()}
 
-    def assigns_of(self, choice: Sequence[int]) -> dict[str, tuple]:
-        """Each op's group assignment (followers: their operand's layout)."""
+    def assigns_of(
+        self, choice: Sequence[int], names: dict[str, str] | None = None
+    ) -> dict[str, tuple]:
+        """Each op's group assignment (followers: their operand's layout); ``names`` renames
+        the mesh axes."""
         st, g = self.structure, self.graph
         out = {}
+        memo: dict[tuple, tuple] = {}
+
+        def rename(a: tuple) -> tuple:
+            if names is None:
+                return a
+            v = memo.get(a)
+            if v is None:
+                v = memo[a] = _renamed(a, names)
+            return v
+
         for n, node in enumerate(self.nodes):
             if node.kind == "op":
+                a = rename(node.strategies[choice[n]].assign)
                 for m in node.members:
-                    out[m] = node.strategies[choice[n]].assign
+                    out[m] = a
         layouts = None
         for op in g.ops:
             if op.name in st.groups and op.name not in out:
                 if layouts is None:
                     layouts = self.layouts_of(choice)
-                out[op.name] = follower_assign(g, st.groups[op.name], layouts)
+                out[op.name] = rename(follower_assign(g, st.groups[op.name], layouts))
         return out
 
     # --- prices of a choice, from this data alone ------------------------------------------
@@ -487,6 +505,10 @@ class Request:
             b = len({w for _, m in r.readers for w in m})
             total += a * b
         return total
+
+
+def _renamed(layout: Sequence[tuple[str, ...]], names: dict[str, str]) -> tuple:
+    return tuple(tuple(names[a] for a in axes) for axes in layout)
 
 
 def follower_assign(g: Graph, groups: list[Group], layouts: dict[str, Layout]) -> tuple:

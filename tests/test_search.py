@@ -129,6 +129,40 @@ def test_request_prices_like_evaluate(model, opts):
         assert arrays == rq.memory_peak_walk(req, choice) == rq.memory_peak(req, choice)
 
 
+@pytest.mark.parametrize("model,opts", [("gpt", {"layers": 4, "remat": "full"}), ("moe", {})])
+def test_price_reuses_alike_ops_exactly(model, opts):
+    """Reusing the cost of an op alike (the layers of a stack priced once each kind) changes
+    no op's cost, copies included: per op and in total, the same as pricing each op alone."""
+    wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
+    g = al.trace(wl)
+    hw = al.hardware("tpu-v4-16")
+    req = rq.build(rq.analyse(g, share=True), hw, {"a": 2, "b": 4})
+    rnd = random.Random(2)
+    copies = 0
+    for _ in range(3):
+        choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
+        layouts, assigns = req.layouts_of(choice), req.assigns_of(choice)
+        args = (g, hw, req.machine.mesh, layouts, lambda op, groups, a=assigns: list(a[op.name]))
+        fast, alone = price(*args), price(*args, reuse=False)
+        assert fast["predicted"] == alone["predicted"]
+        for a, b in zip(fast["costs"], alone["costs"], strict=True):
+            assert a.op is b.op
+            assert (a.wanted, a.produced, a.strategy, a.partial) == (
+                b.wanted,
+                b.produced,
+                b.strategy,
+                b.partial,
+            )
+            assert (a.flops, a.bytes, a.compute_s, a.comms) == (
+                b.flops,
+                b.bytes,
+                b.compute_s,
+                b.comms,
+            )
+            copies += sum(x.why == "reshard" for x in a.comms)
+    assert copies > 0  # the choices made copies, so their sharing was exercised
+
+
 def test_sharing_merges_repeated_layers():
     g = al.trace(al.load_workload(f"{MODELS}/gpt.py", layers=6))
     shared = rq.analyse(g, share=True)
