@@ -35,11 +35,20 @@ from ._errors import TraceError, WorkloadError
 from ._ir import LOOP_OPS, Dim, Graph, Loop, Op, Tensor
 from ._workload import Spec, Workload, path_str
 
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
 
 def _plain(v: Any) -> Any:
+    """Parameters as hashable plain data: dicts as sorted item tuples, lists as tuples, numpy
+    integers as ints."""
+    kind = type(v)
+    if kind in _SCALARS:
+        return v
     if isinstance(v, dict):
         return tuple(sorted((k, _plain(x)) for k, x in v.items()))
     if isinstance(v, (list, tuple)):
+        if all(type(x) in _SCALARS for x in v):
+            return v if kind is tuple else tuple(v)
         return tuple(_plain(x) for x in v)
     if isinstance(v, np.integer):
         return int(v)
@@ -54,6 +63,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.shapes: list[tuple[int, ...]] = []
+        self.names: list[str] = []  # "t<id>" of each tensor
         self.dtypes: list[str] = []
         self.roles: list[str] = []
         self.paths: list[str | None] = []
@@ -76,10 +86,12 @@ class _Builder:
         self.path: list[Any] = []
         self._count = itertools.count()
         self.int_links: dict[int, list] = {}  # op number -> its links over tensor ids
+        self.int_io: list[tuple[int, Sequence[int | None], Sequence[int]]] = []  # per op:
+        # (number, input ids, output ids)
 
     # tensors ---------------------------------------------------------------------------
     def new(self, aval: Any, role: str = "intermediate", path: str | None = None) -> int:
-        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        shape = tuple(map(int, getattr(aval, "shape", ())))
         raw = getattr(aval, "dtype", None)
         dtype = _DTYPE_NAMES.get(raw)
         if dtype is None:
@@ -88,6 +100,7 @@ class _Builder:
             except TypeError:
                 dtype = str(raw)
             _DTYPE_NAMES[raw] = dtype
+        self.names.append(f"t{len(self.shapes)}")
         self.shapes.append(shape)
         self.dtypes.append(dtype)
         self.roles.append(role)
@@ -106,19 +119,20 @@ class _Builder:
     def link(self, *axes: tuple[int | None, int]) -> None:
         """Says these axes are one iteration axis; pairs of another size than the first, or of
         size 1, are left out (a broadcast or a partial slice is a relation, not an identity)."""
-        pairs = [(t, a) for t, a in axes if t is not None]
-        if len(pairs) < 2:
-            return
-        size = self.shapes[pairs[0][0]][pairs[0][1]]
-        if size <= 1:
-            return
+        shapes = self.shapes
+        size = 0
         keep: list[tuple[int, int]] = []
-        for t, a in pairs:
-            if self.shapes[t][a] == size and (t, a) not in keep:
+        for t, a in axes:
+            if t is None:
+                continue
+            if not size:
+                size = shapes[t][a]
+                if size <= 1:
+                    return
+            if shapes[t][a] == size and (t, a) not in keep:
                 keep.append((t, a))
-        if len(keep) < 2:
-            return
-        self._pending[-1].append(tuple(keep))
+        if len(keep) >= 2:
+            self._pending[-1].append(tuple(keep))
 
     def begin(self) -> int:
         """Opens an op: returns its number; links go to it until :meth:`emit`."""
@@ -142,12 +156,13 @@ class _Builder:
         name = f"{primitive}.{number}"
         groups = self._pending.pop()
         self.int_links[number] = groups
+        tn = self.names
         op = Op(
             name=name,
             primitive=primitive,
-            inputs=tuple(f"t{i}" for i in ins if i is not None),
-            outputs=tuple(f"t{o}" for o in outs),
-            links=tuple(tuple((f"t{t}", a) for t, a in g) for g in groups),
+            inputs=tuple([tn[i] for i in ins if i is not None]),
+            outputs=tuple([tn[o] for o in outs]),
+            links=tuple([tuple([(tn[t], a) for t, a in g]) for g in groups]),
             params=_plain(params or {}),
             flops=float(flops),
             scope=tuple(self.scope),
@@ -156,6 +171,7 @@ class _Builder:
             name_stack=self.joined[-1] if self.joined else "",
         )
         self.ops.append(op)
+        self.int_io.append((number, ins, outs))
         for o in outs:
             self.producer.setdefault(o, name)
         return name
@@ -171,11 +187,8 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
     for v, t in zip(jaxpr.invars, ins, strict=True):
         env[v] = t if t is not None else b.new(v.aval, "const")
 
-    def read(v: Any) -> int | None:
-        return None if isinstance(v, Literal) else env[v]
-
     for index, eqn in enumerate(jaxpr.eqns):
-        ins_ = [read(v) for v in eqn.invars]
+        ins_ = [None if isinstance(v, Literal) else env[v] for v in eqn.invars]
         prim = eqn.primitive.name
         walker = CALL_RULES.get(prim)
         b.path.append(index)
@@ -424,27 +437,32 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     """Drops ops whose results nothing reads (XLA would too: jax leaves dead zeros of the
     backward pass in the jaxpr), collects the live ops' links in program order (a loop op
     opens before its body) into ``b.links`` and returns the live tensor ids."""
-    live = {f"t{t}" for t in outs}
-    kept = []
-    for op in reversed(b.ops):
-        if any(o in live for o in op.outputs):
-            kept.append(op)
-            live.update(op.outputs)  # a live op makes all its results (split, loops)
-            if op.primitive in LOOP_OPS:
-                aliased = set(op.param("aliased_inputs", ()))  # live if the body reads them
-                live.update(i for i in op.inputs if i not in aliased)
-                live.update(op.param("body_outputs", ()))
-            else:
-                live.update(op.inputs)
+    live = set(outs)
+    kept: list[int] = []  # op positions, last first
+    for i in range(len(b.ops) - 1, -1, -1):
+        _, ins, res = b.int_io[i]
+        if not any(o in live for o in res):
+            continue
+        kept.append(i)
+        live.update(res)  # a live op makes all its results (split, loops)
+        op = b.ops[i]
+        if op.primitive in LOOP_OPS:
+            aliased = {int(t[1:]) for t in op.param("aliased_inputs", ())}  # live if read
+            live.update(t for t in ins if t is not None and t not in aliased)
+            live.update(int(t[1:]) for t in op.param("body_outputs", ()))
+        else:
+            live.update(t for t in ins if t is not None)
     kept.reverse()
-    for i, op in enumerate(kept):  # a loop's constants its body never reads are not its inputs
+    ops = [b.ops[i] for i in kept]
+    for k, op in enumerate(ops):  # a loop's constants its body never reads are not its inputs
         if op.primitive not in LOOP_OPS:
             continue
-        aliased = set(op.param("aliased_inputs", ()))
-        if any(t not in live for t in aliased):
-            kept[i] = dataclasses.replace(op, inputs=tuple(t for t in op.inputs if t in live))
-    b.ops = kept
-    names = {op.name for op in kept}
+        aliased = op.param("aliased_inputs", ())
+        if any(int(t[1:]) not in live for t in aliased):
+            inputs = tuple(t for t in op.inputs if int(t[1:]) in live)
+            ops[k] = dataclasses.replace(op, inputs=inputs)
+    b.ops = ops
+    names = {op.name for op in ops}
     b.loops = [
         Loop(lp.name, lp.kind, lp.length, tuple(n for n in lp.ops if n in names), lp.length_known)
         for lp in b.loops
@@ -452,13 +470,12 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     ]
     b.links = []
     offsets = b.offsets
-    numbers = sorted(int(op.name.rsplit(".", 1)[1]) for op in kept)  # opened first
-    for number in numbers:
+    for number in sorted(b.int_io[i][0] for i in kept):  # opened first
         for group in b.int_links[number]:
             (t0, a0), *rest = group
             k0 = offsets[t0] + a0
             b.links.extend((k0, offsets[t] + a) for t, a in rest)
-    return {int(t[1:]) for t in live}
+    return live
 
 
 # --- naming -----------------------------------------------------------------------------------
@@ -480,10 +497,11 @@ class _UnionFind:
 
 def _families(b: _Builder) -> _UnionFind:
     uf = _UnionFind(b.nax)
+    find, parent = uf.find, uf.parent
     for x, y in b.links:
-        rx, ry = uf.find(x), uf.find(y)
+        rx, ry = find(x), find(y)
         if rx != ry:
-            uf.parent[rx] = ry
+            parent[rx] = ry
     return uf
 
 
@@ -497,11 +515,20 @@ def _dims(
     """Union-find that keeps one axis per tensor and one user name per class; returns it and
     the user name of each named root."""
     uf = _UnionFind(b.nax)
+    parent = uf.parent
     members: dict[int, set[int]] = {}
     names: dict[int, str] = {}
 
+    def find(x: int) -> int:  # _UnionFind.find, without the method call (millions of calls)
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
     def union(x: int, y: int) -> bool:
-        rx, ry = uf.find(x), uf.find(y)
+        rx, ry = find(x), find(y)
         if rx == ry:
             return True
         nx, ny = names.get(rx), names.get(ry)
@@ -513,7 +540,7 @@ def _dims(
             rx, ry, sx, sy, nx, ny = ry, rx, sy, sx, ny, nx
         if not sx.isdisjoint(sy):
             return False
-        uf.parent[rx] = ry
+        parent[rx] = ry
         sy |= sx
         members[ry] = sy
         members.pop(rx, None)
@@ -544,13 +571,13 @@ def _dims(
                 where[name] = f"{b.paths[t] or b.producer.get(t)} axis {axis}"
                 names[k] = name
     for x, y in b.links:
-        if sizes[x] > 1:
+        if sizes[x] > 1 and find(x) != find(y):
             union(x, y)
     # Classes of one family that no tensor holds together are one dim: the key sequence of
     # every unrolled layer is one "seq#2", not a dim per layer.
     by_family: dict[int, list[int]] = {}
     for k in range(b.nax):
-        if sizes[k] > 1 and owner[k] in live and uf.find(k) == k:
+        if sizes[k] > 1 and owner[k] in live and find(k) == k:
             by_family.setdefault(fam.find(k), []).append(k)
     for roots in by_family.values():
         reps: list[int] = []

@@ -51,6 +51,7 @@ from autolayout.cost_models.sharding import (
     map_layout,
     op_cost,
     op_groups,
+    op_kind,
     op_signature,
     reshard,
 )
@@ -123,6 +124,115 @@ def _is_follower(g: Graph, op: Op, readers: dict[str, list[str]], free: set[str]
     return t
 
 
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, elementwise on uint64 (wrapping): a 64-bit hash of a 64-bit word."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums (mod 2**64) of ``values[starts[i]:starts[i + 1]]``; empty segments sum to 0."""
+    cs = np.zeros(len(values) + 1, dtype=np.uint64)
+    np.cumsum(values, out=cs[1:])
+    return cs[starts[1:]] - cs[starts[:-1]]
+
+
+def _colours(g, groups, sources, producer, readers, follow_shift, free, fused, follows):
+    """Weisfeiler-Lehman colours of the ops and source tensors: by their structure, then
+    ``WL_ROUNDS`` times by their inputs' colours (in order, seen through the loop boundaries'
+    shifts) and their outputs' readers' colours (per output, as a multiset), as 64-bit hashes
+    in numpy (36k ops: 3 rounds in milliseconds). Keys: op names, ``"T" + tensor`` for sources."""
+    keys: list[str] = []
+    first: list[int] = []
+    for t in sources:
+        tt = g.tensors[t]
+        keys.append("T" + t)
+        first.append(_digest(("in", tt.shape, tt.dtype, tt.role, (tt.path or "").split("/")[0])))
+    ops = [op for op in g.ops if op.primitive not in LOOP_OPS]
+    loops = [op for op in g.ops if op.primitive in LOOP_OPS]
+    for op in loops:  # a loop is its own colour; its body's ops are coloured as any
+        keys.append(op.name)
+        first.append(_digest(("loop", op.name)))
+    alike: dict[int, tuple] = {}  # op_kind -> the structure below (ops of a kind share it)
+    for op in ops:
+        kind = op_kind(g, op)
+        part = alike.get(kind) if kind is not None else None
+        if part is None:  # primitive, parameters, shapes and groups by position
+            ts = list(dict.fromkeys(op.outputs + op.inputs))
+            pos = {t: k for k, t in enumerate(ts)}
+            part = (op.primitive, op.params, tuple((g.tensors[t].shape, g.tensors[t].dtype) for t in ts),
+                    tuple(pos[t] for t in op.inputs),
+                    tuple((x.kind, tuple((pos[t], a) for t, a in x.members)) for x in groups[op.name]))  # fmt: skip
+            if kind is not None:
+                alike[kind] = part
+        keys.append(op.name)
+        first.append(_digest((part, tuple(t in free for t in op.outputs + op.inputs), op.flops,
+                              op.trip_count, op.name in fused, op.opaque, op.name in follows)))  # fmt: skip
+    at = {k: i for i, k in enumerate(keys)}
+    n_src, base = len(sources), len(sources) + len(loops)
+
+    def ref(t: str) -> tuple[int, tuple[int, ...]]:
+        """Where an input's colour comes from: its producer (or source), and the loop
+        boundaries' shifts on the way (innermost last)."""
+        shifts = []
+        b = follow_shift.get(t)
+        while b is not None:
+            shifts.append(b.shift)
+            t = b.src
+            b = follow_shift.get(t)
+        return at[producer.get(t) or "T" + t], tuple(shifts)
+
+    in_src, in_pos, in_start, shifted = [], [], [0], []
+    out_rd, out_pos, out_start = [], [], [0]
+    for op in ops:
+        for k, t in enumerate(op.inputs):
+            i, sh = ref(t)
+            if sh:
+                shifted.append((len(in_src), sh))
+            in_src.append(i)
+            in_pos.append(k)
+        in_start.append(len(in_src))
+        for k, t in enumerate(op.outputs):
+            for r in readers.get(t, ()):
+                out_rd.append(at[r])
+                out_pos.append(k)
+        out_start.append(len(out_rd))
+    src_rd, src_start = [], [0]
+    for t in sources:
+        src_rd += [at[r] for r in readers.get(t, ())]
+        src_start.append(len(src_rd))
+
+    def arr(x: list[int]) -> np.ndarray:
+        return np.asarray(x, dtype=np.int64)
+
+    in_src_a, in_start_a, out_rd_a = arr(in_src), arr(in_start), arr(out_rd)
+    out_start_a, src_rd_a, src_start_a = arr(out_start), arr(src_rd), arr(src_start)
+    salt = _mix(np.arange(1, 2 * max([0, *in_pos, *out_pos]) + 5, dtype=np.uint64))
+    in_salt, out_salt = salt[arr(in_pos) * 2], salt[arr(out_pos) * 2 + 1]
+    tag_in, tag_out = salt[-1], salt[-2]
+    c = np.asarray(first, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        for _ in range(WL_ROUNDS):
+            cin = c[in_src_a]
+            for e, sh in shifted:  # a loop body's input: its outer tensor's colour, shifted
+                x = cin[e : e + 1]
+                for s in reversed(sh):
+                    x = _mix(x ^ np.uint64(s & 0xFFFFFFFF))
+                cin[e] = x[0]
+            ins = _segment_sums(_mix(cin ^ in_salt), in_start_a)
+            outs = _segment_sums(_mix(c[out_rd_a] ^ out_salt), out_start_a)
+            srcs = _segment_sums(_mix(c[src_rd_a]), src_start_a)
+            new = c.copy()
+            new[base:] = _mix(c[base:] ^ _mix(ins ^ tag_in) ^ _mix(_mix(outs ^ tag_out) + c[base:]))
+            new[:n_src] = _mix(c[:n_src] ^ _mix(srcs ^ tag_out))
+            c = new
+    return dict(zip(keys, c.view(np.int64).tolist(), strict=True))
+
+
 def analyse(
     g: Graph, *, share: bool = True, donated: Sequence[str] = (), merge: bool = True
 ) -> Structure:
@@ -151,61 +261,12 @@ def analyse(
         if t is not None and all(grp.kind == "pass" for grp in groups[op.name]):
             follows[op.name] = t
 
-    # Weisfeiler-Lehman colours: ops and source tensors by their structure and neighbourhood
-    colour: dict[str, int] = {}
     sources = [t for t in g.tensors if t not in producer and t not in follow_shift]
-    for t in sources:
-        tt = g.tensors[t]
-        colour["T" + t] = _digest(
-            ("in", tt.shape, tt.dtype, tt.role, (tt.path or "").split("/")[0])
-        )
-    for op in g.ops:
-        if op.primitive in LOOP_OPS:
-            colour[op.name] = _digest(("loop", op.name))
-            continue
-        ts = list(dict.fromkeys(op.outputs + op.inputs))
-        pos = {t: k for k, t in enumerate(ts)}
-        shape = tuple((g.tensors[t].shape, g.tensors[t].dtype, t in free) for t in ts)
-        grp = tuple((x.kind, tuple((pos[t], a) for t, a in x.members)) for x in groups[op.name])
-        colour[op.name] = _digest(
-            (op.primitive, op.params, shape, tuple(pos[t] for t in op.inputs), grp, op.flops,
-             op.trip_count, op.name in fused, op.opaque, op.name in follows)
-        )  # fmt: skip
-    if share:
-
-        def ref(t: str) -> tuple[str, tuple[int, ...]]:
-            """Where an input's colour comes from: its producer (or source) key, seen
-            through the loop boundaries' shifts on the way (innermost last)."""
-            shifts = []
-            b = follow_shift.get(t)
-            while b is not None:
-                shifts.append(b.shift)
-                t = b.src
-                b = follow_shift.get(t)
-            return producer.get(t) or "T" + t, tuple(shifts)
-
-        walk = [
-            (op.name, [ref(t) for t in op.inputs], [readers.get(t, ()) for t in op.outputs])
-            for op in g.ops
-            if op.primitive not in LOOP_OPS
-        ]
-        loops = [op.name for op in g.ops if op.primitive in LOOP_OPS]
-        src_readers = [("T" + t, readers.get(t, ())) for t in sources]
-        for _ in range(WL_ROUNDS):
-            new = {name: colour[name] for name in loops}
-            get = colour.get
-            for name, refs, outr in walk:
-                ins = []
-                for k, shifts in refs:
-                    c = get(k, 0)
-                    for sh in reversed(shifts):
-                        c = hash((c, sh))
-                    ins.append(c)
-                outs = tuple(tuple(sorted([colour[r] for r in rs])) for rs in outr)
-                new[name] = hash((colour[name], tuple(ins), outs))
-            for key, rs in src_readers:
-                new[key] = hash((colour[key], tuple(sorted([colour[r] for r in rs]))))
-            colour = new
+    colour = (
+        _colours(g, groups, sources, producer, readers, follow_shift, free, fused, follows)
+        if share
+        else {}
+    )
 
     # nodes: leader ops and source tensors, merged by colour when sharing
     chain: dict[str, list[str]] = {}  # leader/source key -> follower ops, program order
@@ -233,8 +294,7 @@ def analyse(
         op.name for op in g.ops if op.primitive not in LOOP_OPS and op.name not in follows
     ]
     for k in keys:
-        sig = (colour[k], tuple(colour[f] for f in chain.get(k, ())))
-        cid = _digest(sig) if share else k
+        cid = _digest((colour[k], tuple(colour[f] for f in chain.get(k, ())))) if share else k
         n = by_colour.get(cid)
         if n is None:
             n = by_colour[cid] = len(leaders)
