@@ -519,13 +519,7 @@ def _dims(
     members: dict[int, set[int]] = {}
     names: dict[int, str] = {}
 
-    def find(x: int) -> int:  # _UnionFind.find, without the method call (millions of calls)
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
+    find = uf.find
 
     def union(x: int, y: int) -> bool:
         rx, ry = find(x), find(y)
