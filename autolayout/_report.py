@@ -67,8 +67,11 @@ def op_layers(g: Graph) -> dict[str, str]:
     def reads_optimizer(op) -> bool:
         return any(t in producer and label[producer[t]] == OPTIMIZER for t in op.inputs)
 
+    by_stack: dict[str, str] = {}  # name stack -> its layer (many ops share a stack)
     for i, op in enumerate(g.ops):
-        lab = _layer_key(op.name_stack.split("/")) if op.name_stack else ""
+        lab = by_stack.get(op.name_stack)
+        if lab is None:
+            lab = by_stack[op.name_stack] = _layer_key(op.name_stack.split("/"))
         if not lab:
             paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
             roots = [p.split("/", 1)[0] for p in paths]

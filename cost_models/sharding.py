@@ -414,9 +414,10 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
     ts = list(dict.fromkeys(op.outputs + op.inputs))
     pos = {t: k for k, t in enumerate(ts)}
     tensors = g.tensors
-    key = (op.primitive, op.params, op.opaque, len(op.outputs), tuple(pos[t] for t in op.inputs),
-           tuple((tensors[t].shape, tensors[t].dtype, tensors[t].dims) for t in ts),
-           tuple(tuple((pos.get(t, -1), a) for t, a in link) for link in op.links))  # fmt: skip
+    tt = [tensors[t] for t in ts]
+    key = (op.primitive, op.params, op.opaque, len(op.outputs), tuple([pos[t] for t in op.inputs]),
+           tuple([(x.shape, x.dtype, x.dims) for x in tt]),
+           tuple([tuple([(pos.get(t, -1), a) for t, a in link]) for link in op.links]))  # fmt: skip
     try:
         made = alike.get(key)
     except TypeError:  # a parameter that does not hash
@@ -429,7 +430,7 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
                 [(tuple((pos[t], a) for t, a in x.members), x.kind, x.dim) for x in v],
             )
     else:
-        v = [Group(tuple((ts[k], a) for k, a in m), kind, dim) for m, kind, dim in made[1]]
+        v = [Group(tuple([(ts[k], a) for k, a in m]), kind, dim) for m, kind, dim in made[1]]
     if made is not None:
         kinds[op.name] = made[0]
     cache[op.name] = v
