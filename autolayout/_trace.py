@@ -644,22 +644,13 @@ def _name_dims(
 def gc_paused():
     """Python's cyclic garbage collector off while a phase builds many long-lived objects
     (a 96-layer step: 36k ops, JAX's tracers): each collection walks all of them, which
-    made tracing and the search's analysis about 1.5x slower (measured).
-
-    On the way out, what the phase made goes to the oldest generation (``gc.freeze`` then
-    ``gc.unfreeze``) rather than the youngest: else the first young collection after it
-    walks all of it at once (0.6 s after a 96-layer plan, measured). Cycles among it are
-    collected by the next full collection, as for any long-lived objects. Skipped where the
-    process keeps frozen objects of its own (a pre-fork server)."""
+    made tracing and the search's analysis about 1.5x slower (measured)."""
     was = _gc.isenabled()
     _gc.disable()
     try:
         yield
     finally:
         if was:
-            if _gc.get_freeze_count() == 0:
-                _gc.freeze()
-                _gc.unfreeze()
             _gc.enable()
 
 
