@@ -86,17 +86,36 @@ def solve(
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
     ``deterministic``: one worker, seed 0, and ``time_limit_s`` of CP-SAT's deterministic
-    time instead of wall time, so the same request gives the same answer on any load."""
+    time instead of wall time, so the same request gives the same answer on any load.
+    Otherwise ``time_limit_s`` is wall time and covers building the model too (its Python
+    side takes seconds on 25k nodes): past it, status UNKNOWN and no choice."""
     t0 = time.perf_counter()
+    deadline = None if deterministic else t0 + max(0.05, float(time_limit_s))
+    ticks = [0]
+
+    def late(every: int = 1) -> bool:
+        """Whether the wall-clock limit has passed (checked once per ``every`` calls)."""
+        ticks[0] += 1
+        return deadline is not None and ticks[0] % every == 0 and time.perf_counter() > deadline
+
+    def gave_up() -> Solution:
+        return Solution("UNKNOWN", None, None, None, time.perf_counter() - t0, 0, 0, 0.0)
+
     model = cp_model.CpModel()
     nodes = req.nodes
     cand = [list(c) for c in candidates] if candidates is not None else None
     if cand is None:
         cand = [req.allowed(n) for n in range(len(nodes))]
     cset = [set(c) for c in cand]
-    costs = [[req.node_cost(n, s) for s in cand[n]] for n in range(len(nodes))]
+    costs = []
+    for n in range(len(nodes)):
+        if late(64):
+            return gave_up()
+        costs.append([req.node_cost(n, s) for s in cand[n]])
     pairs = []  # (read, a, b, seconds a step, src strategies, [(reader, strategies)])
     for r in req.reads:
+        if late(64):
+            return gave_up()
         src: dict[int, list[int]] = {}
         for s in cand[r.src]:
             src.setdefault(r.src_map[s], []).append(s)
@@ -121,6 +140,8 @@ def solve(
 
     x: list[dict[int, Any]] = []
     for k in range(len(nodes)):
+        if late(256):
+            return gave_up()
         if not cand[k]:
             raise ValueError(f"node {nodes[k].members[0]} has no allowed strategy")
         if len(cand[k]) == 1:
@@ -143,6 +164,8 @@ def solve(
             if q(m):
                 comm_terms.append((v, q(m)))
     for i, (_r, a, b, v, sa, wants) in enumerate(pairs):
+        if late(256):
+            return gave_up()
         w = q(v)
         if not w:
             continue
@@ -166,12 +189,16 @@ def solve(
     if objective == "memory":
         peak = model.new_int_var(0, 1 << 50, "peak")
     for j, row in enumerate(rows):
+        if late():
+            return gave_up()
         terms = []
         for n, vec in row.terms.items():
             for s, v in x[n].items():
                 if vec[s]:
                     terms.append((v, vec[s]))
         for k, (nbytes, src, same, before, after) in enumerate(row.copies):
+            if late(64):
+                return gave_up()
             c = model.new_bool_var(f"c{j}_{k}")
             ys = X(src, same)
             for n1, s1 in before:
@@ -204,7 +231,9 @@ def solve(
         solver.parameters.max_deterministic_time = max(0.05, float(time_limit_s))
         solver.parameters.max_time_in_seconds = 60.0 * max(1.0, float(time_limit_s))  # a net
     else:
-        solver.parameters.max_time_in_seconds = max(0.05, float(time_limit_s))
+        if late():
+            return gave_up()
+        solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
         solver.parameters.num_workers = workers()
     code = solver.solve(model)
     dtime = float(solver.response_proto.deterministic_time)

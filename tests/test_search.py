@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 
 import jax
 import jax.numpy as jnp
@@ -194,6 +195,27 @@ def test_memory_limit_respected_and_optimal():
     sol, cand = pl._solve_fitting(req, limit, None, free.choice, 20, [])
     assert cand is not None and cand.memory_bytes <= limit
     assert cand.step_time_s == pytest.approx(best, rel=1e-6)
+
+
+def test_ilp_time_limit_covers_building_the_model():
+    """The wall-clock limit bounds the model's Python build too (seconds on 25k nodes): past
+    it the solve gives up, UNKNOWN with no choice, instead of running over."""
+    g = al.trace(al.load_workload(f"{MODELS}/gpt.py", layers=6, remat="full"))
+    hw = al.hardware("tpu-v4-16")
+    structure = rq.analyse(g, share=False)
+    fresh = rq.build(structure, hw, {"a": 2, "b": 4})
+    t0 = time.perf_counter()  # the node costs alone, part of what a build does
+    for n in range(len(fresh.nodes)):
+        for s in fresh.allowed(n):
+            fresh.node_cost(n, s)
+    costs_s = time.perf_counter() - t0
+    req = rq.build(structure, hw, {"a": 2, "b": 4})
+    t0 = time.perf_counter()
+    sol = ilp.solve(req, time_limit_s=0.05)
+    wall = time.perf_counter() - t0
+    assert costs_s > 0.2  # the build is longer than the limit, so the limit must cut it
+    assert sol.status == "UNKNOWN" and sol.choice is None
+    assert wall < 0.5 * costs_s  # measured: 0.12 s against 1.4 s of node costs
 
 
 def test_infeasible_memory_reports_least():
