@@ -221,13 +221,16 @@ def price(
     resharded: set = set()
     free, fused = free_tensors(g), fused_ops(g)
     alike: dict[tuple, tuple] = {}
+    static = g.derived("alike ops", dict)  # op -> the part of its alike key the graph fixes
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
         groups = op_groups(g, op)
         assign = assign_of(op, groups)
         if reuse:
-            c = _op_cost_alike(m, g, op, groups, assign, layouts, resharded, free, fused, alike)
+            c = _op_cost_alike(
+                m, g, op, groups, assign, layouts, resharded, free, fused, alike, static
+            )
         else:
             c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
         costs.append(c)
@@ -275,13 +278,13 @@ def price(
     return {"costs": costs, "predicted": predicted}
 
 
-def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fused, alike):
+def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fused, alike, static):
     """``op_cost``, reused for an op alike in everything the cost depends on (primitive,
     parameters, FLOPs, fusion, shapes, groups, strategy and the layouts of its tensors) to one
     priced before, and not a conv (halos): the 96 layers of a stack are priced once each kind.
     Tensor names are renamed to the op's own. A copy of an input is charged as ``op_cost``
-    charges it: once per tensor, layout and trip count (``resharded``)."""
-    static = g.derived("alike ops", dict)  # op -> what its key holds of the graph
+    charges it: once per tensor, layout and trip count (``resharded``). ``static``: per op,
+    the part of its key the graph fixes (cached on the graph)."""
     kind = static.get(op.name)
     if kind is None:
         k = op_kind(g, op)

@@ -523,8 +523,9 @@ def _dims(
 
     def union(x: int, y: int) -> bool:
         rx, ry = find(x), find(y)
-        if rx == ry:
-            return True
+        return rx == ry or join(rx, ry)
+
+    def join(rx: int, ry: int) -> bool:  # two roots
         nx, ny = names.get(rx), names.get(ry)
         if nx is not None and ny is not None and nx != ny:
             return False
@@ -565,8 +566,10 @@ def _dims(
                 where[name] = f"{b.paths[t] or b.producer.get(t)} axis {axis}"
                 names[k] = name
     for x, y in b.links:
-        if sizes[x] > 1 and find(x) != find(y):
-            union(x, y)
+        if sizes[x] > 1:
+            rx, ry = find(x), find(y)
+            if rx != ry:
+                join(rx, ry)
     # Classes of one family that no tensor holds together are one dim: the key sequence of
     # every unrolled layer is one "seq#2", not a dim per layer.
     by_family: dict[int, list[int]] = {}
