@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc as _gc
-import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -83,8 +82,10 @@ class _Builder:
         # tensor ids of every equation visited, keyed by its path (equation indices down the
         # walk; "cond"/"body"/branch labels inside loops): the runtime walks the same way
         self.visits: dict[tuple, tuple[list[int | None], list[int]]] = {}
+        self.visit_keys: list[tuple] = []  # the visits' keys in order
         self.path: list[Any] = []
-        self._count = itertools.count()
+        self.number = 0  # the next op number
+        self.templates: dict[tuple, _Template] = {}  # inlined calls walked once (see _inline)
         self.int_links: dict[int, list] = {}  # op number -> its links over tensor ids
         self.int_io: list[tuple[int, Sequence[int | None], Sequence[int]]] = []  # per op:
         # (number, input ids, output ids)
@@ -137,7 +138,12 @@ class _Builder:
     def begin(self) -> int:
         """Opens an op: returns its number; links go to it until :meth:`emit`."""
         self._pending.append([])
-        return next(self._count)
+        return self.take_number()
+
+    def take_number(self) -> int:
+        n = self.number
+        self.number += 1
+        return n
 
     def drop_links(self) -> None:
         """Forgets the open op's links: it becomes opaque."""
@@ -193,8 +199,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
         walker = CALL_RULES.get(prim)
         b.path.append(index)
         n = _user_names(eqn)
-        up = b.joined[-1] if b.joined else ""
-        b.joined.append(f"{up}/{n}" if up and n else up or n)
+        b.joined.append(_join_stack(b.joined[-1] if b.joined else "", n))
         if walker is not None:
             outs = walker(b, eqn, ins_)
         else:
@@ -210,7 +215,9 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 b.drop_links()
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
             b.emit(number, prim, ins_, outs, params, flops, opaque)
-        b.visits[tuple(b.path)] = (ins_, outs)
+        key = tuple(b.path)
+        b.visits[key] = (ins_, outs)
+        b.visit_keys.append(key)
         b.path.pop()
         b.joined.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
@@ -260,20 +267,163 @@ def _consts(b: _Builder, jaxpr: Any) -> list[int]:
 
 
 def _inline(key: str, scope: str | None = None):
-    """Walks a call's inner jaxpr in place: its ops become the caller's, its outputs alias."""
+    """Walks a call's inner jaxpr in place: its ops become the caller's, its outputs alias.
+
+    A call of a jaxpr walked before (JAX shares one jaxpr object among the calls of one
+    function on the same types: the 96 remat layers of a stack) is stamped from that walk's
+    record (:class:`_Template`) with its own tensors, op numbers, scopes and name stacks,
+    instead of walked again; the graph is the same (the tests compare)."""
 
     def walker(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
         jaxpr, _ = _closed(eqn.params[key])
         label = scope or str(eqn.params.get("name", eqn.primitive.name))
         if scope == "remat":
-            label = f"remat.{next(b._count)}"
+            label = f"remat.{b.take_number()}"
+        pattern = tuple(-1 if t is None else ins.index(t) for t in ins)
+        memo = (id(jaxpr), scope or label, b.trip, pattern)
+        tpl = b.templates.get(memo)
+        if tpl is not None and tpl.jaxpr is jaxpr:
+            return tpl.stamp(b, ins, label)
+        start = _Template.start(b, label)
         b.scope.append(label)
         try:
-            return _walk(b, jaxpr, ins, _consts(b, jaxpr))
+            outs = _walk(b, jaxpr, ins, _consts(b, jaxpr))
         finally:
             b.scope.pop()
+        tpl = _Template.record(b, start, jaxpr, ins, outs)
+        if tpl is not None:
+            b.templates[memo] = tpl
+        return outs
 
     return walker
+
+
+def _join_stack(up: str, rest: str) -> str:
+    """``up`` and a name stack ``rest`` under it, as the walk joins them."""
+    return f"{up}/{rest}" if up and rest else up or rest
+
+
+class _Template:
+    """What walking one inlined call added to the builder, over relative references: a
+    tensor made inside as its offset from the first one made (>= 0), an input of the call as
+    ``-(position + 1)``; op numbers, scopes' ``remat.N`` labels and name stacks relative to
+    the call's. :meth:`stamp` adds the same for another call of the same jaxpr."""
+
+    @staticmethod
+    def start(b: _Builder, label: str) -> tuple:
+        return (len(b.shapes), b.nax, b.number, len(b.ops), len(b.loops), len(b.visit_keys),
+                tuple(b.scope), label, b.joined[-1] if b.joined else "", tuple(b.path))  # fmt: skip
+
+    @classmethod
+    def record(cls, b: _Builder, start: tuple, jaxpr: Any, ins, outs) -> _Template | None:
+        t0, nax0, num0, ops0, loops0, visits0, outer, label, stack, path = start
+        t1, num1 = len(b.shapes), b.number
+        if len(b.loops) != loops0:  # loops' parameters name tensors: walked each time
+            return None
+        where = {t: k for k, t in enumerate(ins) if t is not None}
+
+        def rel(t: int | None) -> int | None:
+            if t is None:
+                return None
+            if t0 <= t < t1:
+                return t - t0
+            return -(where[t] + 1)  # KeyError: a tensor from outside the call (none expected)
+
+        prefix = (*outer, label)
+        tpl = cls()
+        tpl.jaxpr = jaxpr
+        tpl.numbers = num1 - num0
+        tpl.nax = b.nax - nax0
+        tpl.shapes, tpl.dtypes = b.shapes[t0:t1], b.dtypes[t0:t1]
+        tpl.roles, tpl.paths = b.roles[t0:t1], b.paths[t0:t1]
+        tpl.offsets = [o - nax0 for o in b.offsets[t0:t1]]
+        tpl.user = [(t - t0, b.user[t]) for t in range(t0, t1) if t in b.user]
+        tpl.ops = []
+        try:
+            for op, (n, op_ins, op_outs) in zip(b.ops[ops0:], b.int_io[ops0:], strict=True):
+                if op.scope[: len(prefix)] != prefix:
+                    return None
+                ns = op.name_stack
+                if stack and not (ns == stack or ns.startswith(stack + "/")):
+                    return None
+                suffix = tuple(
+                    ("remat", int(x[6:]) - num0)
+                    if x.startswith("remat.") and x[6:].isdigit() and num0 <= int(x[6:]) < num1
+                    else x
+                    for x in op.scope[len(prefix) :]
+                )
+                links = [tuple((rel(t), a) for t, a in grp) for grp in b.int_links[n]]
+                ins_r = [rel(t) for t in op_ins]
+                outs_r = [rel(t) for t in op_outs]
+                rest = ns[len(stack) + 1 :] if stack and ns != stack else ("" if stack else ns)
+                tpl.ops.append((n - num0, op.primitive, ins_r, outs_r, links, op.params, op.flops,
+                                suffix, op.opaque, rest))  # fmt: skip
+            tpl.visits = [
+                (k[len(path) :], [rel(t) for t in b.visits[k][0]], [rel(t) for t in b.visits[k][1]])
+                for k in b.visit_keys[visits0:]
+            ]
+            tpl.outs = [rel(t) for t in outs]
+        except KeyError:
+            return None
+        return tpl
+
+    def stamp(self, b: _Builder, ins: list[int | None], label: str) -> list[int]:
+        n0, num0 = len(b.shapes), b.number
+        b.names.extend(f"t{n0 + k}" for k in range(len(self.shapes)))
+        b.shapes += self.shapes
+        b.dtypes += self.dtypes
+        b.roles += self.roles
+        b.paths += self.paths
+        b.offsets += [b.nax + o for o in self.offsets]
+        b.nax += self.nax
+        for k, dims in self.user:
+            b.user[n0 + k] = dims
+        b.number += self.numbers
+
+        def ref(r: int | None) -> int | None:
+            return None if r is None else n0 + r if r >= 0 else ins[-r - 1]
+
+        prefix = (*b.scope, label)
+        stack = b.joined[-1] if b.joined else ""
+        scopes: dict[tuple, tuple] = {}
+        tn = b.names
+        trip = b.trip
+        for off, prim, ins_r, outs_r, links, params, flops, suffix, opaque, rest in self.ops:
+            n = num0 + off
+            scope = scopes.get(suffix)
+            if scope is None:
+                scope = scopes[suffix] = prefix + tuple(
+                    f"remat.{num0 + x[1]}" if isinstance(x, tuple) else x for x in suffix
+                )
+            op_ins = [ref(r) for r in ins_r]
+            op_outs = [ref(r) for r in outs_r]
+            groups = [tuple([(ref(t), a) for t, a in grp]) for grp in links]
+            b.int_links[n] = groups
+            name = f"{prim}.{n}"
+            b.ops.append(
+                Op(
+                    name=name,
+                    primitive=prim,
+                    inputs=tuple([tn[i] for i in op_ins if i is not None]),
+                    outputs=tuple([tn[o] for o in op_outs]),
+                    links=tuple([tuple([(tn[t], a) for t, a in grp]) for grp in groups]),
+                    params=params,
+                    flops=flops,
+                    scope=scope,
+                    trip_count=trip,
+                    opaque=opaque,
+                    name_stack=_join_stack(stack, rest),
+                )
+            )
+            b.int_io.append((n, op_ins, op_outs))
+            for o in op_outs:
+                b.producer.setdefault(o, name)
+        path = tuple(b.path)
+        for suffix, v_ins, v_outs in self.visits:
+            key = path + suffix
+            b.visits[key] = ([ref(r) for r in v_ins], [ref(r) for r in v_outs])
+            b.visit_keys.append(key)
+        return [ref(r) for r in self.outs]
 
 
 def _link_all_axes(b: _Builder, x: int, y: int, shift_x: int = 0) -> None:

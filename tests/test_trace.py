@@ -341,3 +341,29 @@ def test_a_live_op_keeps_its_dead_results(which):
     al.check_graph(g)
     p = al.evaluate(wl, "cpu-8", mesh={"data": 2, "model": 4}, rules={"batch": "data"}, graph=g)
     assert p.predicted["step_time_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "opts", [{"layers": 4, "remat": "full"}, {"layers": 3, "remat": "minimal"}, {"scan": True}]
+)
+def test_stamped_calls_equal_walked_ones(opts, monkeypatch):
+    """A call of a jaxpr walked before (each remat layer) is stamped from that walk's record;
+    the graph, its dims and the runtime's visits equal walking every call."""
+    from autolayout import _trace
+
+    wl = load_model("gpt", **opts)
+    stamps = []
+    stamp = _trace._Template.stamp
+    monkeypatch.setattr(
+        _trace._Template, "stamp", lambda self, *a: stamps.append(1) or stamp(self, *a)
+    )
+    g1, _, visits1 = _trace.trace_with_jaxpr(wl)
+    monkeypatch.setattr(_trace._Template, "record", classmethod(lambda cls, *a: None))
+    g2, _, visits2 = _trace.trace_with_jaxpr(wl)
+    if opts.get("remat", "none") != "none":
+        assert stamps  # the layers after the first were stamped
+    assert g1.ops == g2.ops
+    assert g1.tensors == g2.tensors
+    assert g1.dim_info == g2.dim_info
+    assert (g1.inputs, g1.outputs, g1.loops) == (g2.inputs, g2.outputs, g2.loops)
+    assert visits1 == visits2
