@@ -3,8 +3,9 @@
 Every (variable, axis) of the jaxpr is a node. Per-primitive rules (``_dim_rules.py``) link
 the axes that are one iteration axis of an equation; higher-order primitives are walked
 here (``jit``, ``remat``, custom derivatives inlined; ``scan`` bodies once, with their trip
-count; ``while`` and ``cond`` bodies once each). Two union-finds then run over the links in
-program order:
+count; ``while`` and ``cond`` bodies once each; an inlined call of a jaxpr already walked,
+such as every remat layer after the first, is stamped from that walk). Two union-finds then
+run over the links in program order:
 
 * *families*: every link unites. Axes of one family are the same index space.
 * *dims*: a link unites only when the merged class would still hold at most one axis of any
