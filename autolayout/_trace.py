@@ -160,8 +160,17 @@ class _Builder:
         flops: float = 0.0,
         opaque: bool = False,
     ) -> str:
+        """Closes the open op: adds it with the links given since :meth:`begin`."""
+        return self.add_op(number, primitive, ins, outs, self._pending.pop(), _plain(params or {}),
+                           float(flops), tuple(self.scope), opaque,
+                           self.joined[-1] if self.joined else "")  # fmt: skip
+
+    def add_op(self, number: int, primitive: str, ins: Sequence[int | None], outs: Sequence[int],
+               groups: list, params: Any, flops: float, scope: tuple[str, ...], opaque: bool,
+               name_stack: str) -> str:  # fmt: skip
+        """Adds an op over tensor ids (``groups``: its links over ids) at the current trip
+        count; returns its name."""
         name = f"{primitive}.{number}"
-        groups = self._pending.pop()
         self.int_links[number] = groups
         tn = self.names
         op = Op(
@@ -170,18 +179,23 @@ class _Builder:
             inputs=tuple([tn[i] for i in ins if i is not None]),
             outputs=tuple([tn[o] for o in outs]),
             links=tuple([tuple([(tn[t], a) for t, a in g]) for g in groups]),
-            params=_plain(params or {}),
-            flops=float(flops),
-            scope=tuple(self.scope),
+            params=params,
+            flops=flops,
+            scope=scope,
             trip_count=self.trip,
             opaque=opaque,
-            name_stack=self.joined[-1] if self.joined else "",
+            name_stack=name_stack,
         )
         self.ops.append(op)
         self.int_io.append((number, ins, outs))
         for o in outs:
             self.producer.setdefault(o, name)
         return name
+
+    def visit(self, key: tuple, ins: list[int | None], outs: list[int]) -> None:
+        """Records an equation's tensor ids under its path (for the runtime)."""
+        self.visits[key] = (ins, outs)
+        self.visit_keys.append(key)
 
 
 # --- walking ----------------------------------------------------------------------------------
@@ -216,9 +230,7 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 b.drop_links()
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
             b.emit(number, prim, ins_, outs, params, flops, opaque)
-        key = tuple(b.path)
-        b.visits[key] = (ins_, outs)
-        b.visit_keys.append(key)
+        b.visit(tuple(b.path), ins_, outs)
         b.path.pop()
         b.joined.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
@@ -356,7 +368,7 @@ class _Template:
                 links = [tuple((rel(t), a) for t, a in grp) for grp in b.int_links[n]]
                 ins_r = [rel(t) for t in op_ins]
                 outs_r = [rel(t) for t in op_outs]
-                rest = ns[len(stack) + 1 :] if stack and ns != stack else ("" if stack else ns)
+                rest = ns if not stack else ns[len(stack) + 1 :]  # under the call's stack
                 tpl.ops.append((n - num0, op.primitive, ins_r, outs_r, links, op.params, op.flops,
                                 suffix, op.opaque, rest))  # fmt: skip
             tpl.visits = [
@@ -387,43 +399,18 @@ class _Template:
         prefix = (*b.scope, label)
         stack = b.joined[-1] if b.joined else ""
         scopes: dict[tuple, tuple] = {}
-        tn = b.names
-        trip = b.trip
         for off, prim, ins_r, outs_r, links, params, flops, suffix, opaque, rest in self.ops:
-            n = num0 + off
             scope = scopes.get(suffix)
             if scope is None:
                 scope = scopes[suffix] = prefix + tuple(
                     f"remat.{num0 + x[1]}" if isinstance(x, tuple) else x for x in suffix
                 )
-            op_ins = [ref(r) for r in ins_r]
-            op_outs = [ref(r) for r in outs_r]
             groups = [tuple([(ref(t), a) for t, a in grp]) for grp in links]
-            b.int_links[n] = groups
-            name = f"{prim}.{n}"
-            b.ops.append(
-                Op(
-                    name=name,
-                    primitive=prim,
-                    inputs=tuple([tn[i] for i in op_ins if i is not None]),
-                    outputs=tuple([tn[o] for o in op_outs]),
-                    links=tuple([tuple([(tn[t], a) for t, a in grp]) for grp in groups]),
-                    params=params,
-                    flops=flops,
-                    scope=scope,
-                    trip_count=trip,
-                    opaque=opaque,
-                    name_stack=_join_stack(stack, rest),
-                )
-            )
-            b.int_io.append((n, op_ins, op_outs))
-            for o in op_outs:
-                b.producer.setdefault(o, name)
+            b.add_op(num0 + off, prim, [ref(r) for r in ins_r], [ref(r) for r in outs_r], groups,
+                     params, flops, scope, opaque, _join_stack(stack, rest))  # fmt: skip
         path = tuple(b.path)
         for suffix, v_ins, v_outs in self.visits:
-            key = path + suffix
-            b.visits[key] = ([ref(r) for r in v_ins], [ref(r) for r in v_outs])
-            b.visit_keys.append(key)
+            b.visit(path + suffix, [ref(r) for r in v_ins], [ref(r) for r in v_outs])
         return [ref(r) for r in self.outs]
 
 
