@@ -28,7 +28,9 @@ from .cost_models.sharding import (
     copied_inputs,
     local_bytes,
     op_cost,
+    op_groups,
     op_kind,
+    op_template,
     reshard,
 )
 
@@ -204,17 +206,12 @@ def price(
     reuse: bool = True,
 ) -> dict[str, Any]:
     """Prices a whole step: ``layouts`` of every tensor, ``assign_of(op, groups)`` each op's
-    strategy. Returns the per-op costs and the totals. ``reuse=False`` prices every op on
-    its own instead of reusing the cost of an op alike (the tests hold the two equal)."""
+    strategy (or a mapping op name -> strategy). Returns the per-op costs and the totals.
+    ``reuse=False`` prices every op on its own instead of reusing the cost of an op alike
+    (the tests hold the two equal)."""
     from .cost_models.compute import peak_flops
     from .cost_models.memory import aliased_outputs, liveness_peak
-    from .cost_models.sharding import (
-        LOOP_OPS,
-        Machine,
-        free_tensors,
-        fused_ops,
-        op_groups,
-    )
+    from .cost_models.sharding import LOOP_OPS, Machine, free_tensors, fused_ops
 
     m = Machine(hw, mesh)
     costs: list[OpCost] = []
@@ -222,17 +219,20 @@ def price(
     free, fused = free_tensors(g), fused_ops(g)
     alike: dict[tuple, tuple] = {}
     static = g.derived("alike ops", dict)  # op -> the part of its alike key the graph fixes
+    given = assign_of if isinstance(assign_of, Mapping) else None
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
-        groups = op_groups(g, op)
-        assign = assign_of(op, groups)
-        if reuse:
-            c = _op_cost_alike(
-                m, g, op, groups, assign, layouts, resharded, free, fused, alike, static
-            )
-        else:
+        kind = static.get(op.name) if reuse else False
+        if kind is None:
+            kind = static[op.name] = _alike_kind(g, op, free, fused)
+        if kind is False:
+            groups = op_groups(g, op)
+            assign = given[op.name] if given is not None else assign_of(op, groups)
             c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+        else:  # groups are made only for the first op of each key
+            assign = given[op.name] if given is not None else assign_of(op, op_groups(g, op))
+            c = _op_cost_alike(m, g, op, kind, assign, layouts, resharded, free, fused, alike)
         costs.append(c)
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
@@ -278,30 +278,29 @@ def price(
     return {"costs": costs, "predicted": predicted}
 
 
-def _op_cost_alike(m, g: Graph, op, groups, assign, layouts, resharded, free, fused, alike, static):
+def _alike_kind(g: Graph, op, free, fused) -> tuple | bool:
+    """The part of an op's alike key (``_op_cost_alike``) the graph fixes, or ``False`` for
+    an op priced on its own: a conv (halos), parameters that do not hash, an unnamed group."""
+    tpl = op_template(g, op)
+    if tpl is None or not tpl[1]:
+        return False
+    return (tpl[2], op.flops, op.name in fused, tuple(t in free for t in op.inputs))
+
+
+def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fused, alike):
     """``op_cost``, reused for an op alike in everything the cost depends on (primitive,
     parameters, FLOPs, fusion, shapes, groups, strategy and the layouts of its tensors) to one
-    priced before, and not a conv (halos): the 96 layers of a stack are priced once each kind.
-    Tensor names are renamed to the op's own. A copy of an input is charged as ``op_cost``
-    charges it: once per tensor, layout and trip count (``resharded``). ``static``: per op,
-    the part of its key the graph fixes (cached on the graph)."""
-    kind = static.get(op.name)
-    if kind is None:
-        k = op_kind(g, op)
-        ok = k is not None and all(grp.dim is not None for grp in groups)
-        kind = static[op.name] = (
-            (k, op.flops, op.name in fused, tuple(t in free for t in op.inputs)) if ok else False
-        )
-    if kind is False:
-        return op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+    priced before: the 96 layers of a stack are priced once each kind. Tensor names are
+    renamed to the op's own. A copy of an input is charged as ``op_cost`` charges it: once
+    per tensor, layout and trip count (``resharded``). ``kind``: ``_alike_kind``."""
     ins, outs = op.inputs, op.outputs
     key = (kind, tuple(assign), tuple([layouts[t] for t in ins]), tuple([layouts[t] for t in outs]))
     try:
         made = alike.get(key)
     except TypeError:  # layouts given as lists
-        return op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+        return op_cost(m, g, op, op_groups(g, op), assign, layouts, resharded, free, fused)
     if made is None:  # priced with no copy shared; the copies' collectives apart
-        c0 = op_cost(m, g, op, groups, assign, layouts, None, free, fused)
+        c0 = op_cost(m, g, op, op_groups(g, op), assign, layouts, None, free, fused)
         copies = []
         for t in copied_inputs(op, c0.wanted, layouts, free):
             copies.append(
@@ -432,33 +431,44 @@ def plan_from_costs(
     reads: dict[str, dict] = {}
     layer = op_layers(g)
     dims_of: dict[int, str] = {}
-    strategy: dict[int, str] = {}  # id of a cost's strategy (ops alike share one) -> text
+    # per cost template: an op alike to one priced before shares its cost's strategy object
+    # (``_op_cost_alike``), and with it the strategy text, the dims, the outputs' bytes and
+    # which inputs it reads in another layout (by position)
+    shared: dict[int, tuple[str, str, int, list[int]]] = {}
+    joined: dict[tuple[str, ...], str] = {}
     for c in priced["costs"]:
         op = c.op
-        diff = {t: w for t, w in c.wanted.items() if w != layouts[t]}
-        if diff:
-            reads[op.name] = diff
-        kinds = sorted({x.kind for x in c.comms}) if c.comms else ()
-        text = strategy.get(id(c.strategy))
-        if text is None:
-            text = strategy[id(c.strategy)] = ",".join(
-                f"{d}:{'x'.join(a)}" for d, a in c.strategy.items()
-            )
+        row = shared.get(id(c.strategy))
+        if row is None:
+            text = ",".join(f"{d}:{'x'.join(a)}" for d, a in c.strategy.items())
+            dims = _op_dims(g, op, dims_of)
+            memory = sum(nbytes(t, layouts[t]) for t in op.outputs)
+            at = [j for j, t in enumerate(op.inputs) if t in c.wanted and c.wanted[t] != layouts[t]]
+            row = shared[id(c.strategy)] = (text, dims, memory, at)
+        text, dims, memory, at = row
+        if at:
+            ins = op.inputs
+            reads[op.name] = {ins[j]: c.wanted[ins[j]] for j in at}
+        comms = c.comms
+        kinds = ",".join(sorted({x.kind for x in comms})) if comms else ""
+        scope = joined.get(op.scope)
+        if scope is None:
+            scope = joined[op.scope] = "/".join(op.scope)
         ops.append(
             {
                 "op": op.name,
                 "kind": op.primitive,
                 "layer": layer.get(op.name, ""),
-                "scope": "/".join(op.scope),
-                "dims": _op_dims(g, op, dims_of),
+                "scope": scope,
+                "dims": dims,
                 "strategy": text,
                 "trips": op.trip_count,
                 "flops": c.flops,
                 "bytes": c.bytes,
                 "compute_s": c.compute_s,
-                "comm_s": c.comm_s,
-                "collective": ",".join(kinds),
-                "memory": sum(nbytes(t, layouts[t]) for t in op.outputs),
+                "comm_s": sum([x.time_s for x in comms]) if comms else 0.0,
+                "collective": kinds,
+                "memory": memory,
             }
         )
         for x in c.comms:

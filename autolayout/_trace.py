@@ -61,7 +61,8 @@ _DTYPE_NAMES: dict[Any, str] = {}  # a jax dtype -> its numpy name
 class _Builder:
     """Collects tensors, ops and axis links while the jaxpr is walked."""
 
-    def __init__(self) -> None:
+    def __init__(self, visits: bool = True) -> None:
+        self.visiting = visits  # record the visits (only the runtime reads them)
         self.shapes: list[tuple[int, ...]] = []
         self.names: list[str] = []  # "t<id>" of each tensor
         self.dtypes: list[str] = []
@@ -230,7 +231,8 @@ def _walk(b: _Builder, jaxpr: Any, ins: Sequence[int | None], consts: Sequence[i
                 b.drop_links()
                 params, flops, opaque = {"reason": _reason(prim, e)}, 0.0, True
             b.emit(number, prim, ins_, outs, params, flops, opaque)
-        b.visit(tuple(b.path), ins_, outs)
+        if b.visiting:
+            b.visit(tuple(b.path), ins_, outs)
         b.path.pop()
         b.joined.pop()
         for v, t in zip(eqn.outvars, outs, strict=True):
@@ -809,20 +811,23 @@ def trace(workload: Workload) -> Graph:
       >>> g.opaque
       []
     """
-    return trace_with_jaxpr(workload)[0]
+    return trace_with_jaxpr(workload, visits=False)[0]
 
 
-def trace_with_jaxpr(workload: Workload) -> tuple[Graph, Any, dict[tuple, tuple]]:
+def trace_with_jaxpr(
+    workload: Workload, visits: bool = True
+) -> tuple[Graph, Any, dict[tuple, tuple]]:
     """:func:`trace`, plus the closed jaxpr and, per equation visited (keyed by its path of
     equation indices), the tensor names of its inputs and outputs (``None`` for a literal or
-    a dead value): the runtime re-interprets that jaxpr with the plan's shardings."""
+    a dead value): the runtime re-interprets that jaxpr with the plan's shardings.
+    ``visits=False`` records none (an empty dict)."""
     if not isinstance(workload, Workload):
         raise WorkloadError(f"trace() takes an al.Workload, got {type(workload).__name__}")
     with gc_paused():
-        return _trace_with_jaxpr(workload)
+        return _trace_with_jaxpr(workload, visits)
 
 
-def _trace_with_jaxpr(workload: Workload) -> tuple[Graph, Any, dict[tuple, tuple]]:
+def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dict[tuple, tuple]]:
     leaves = jax.tree_util.tree_flatten_with_path(workload.args)[0]
     try:
         closed = jax.make_jaxpr(workload.fn)(*workload.args)
@@ -836,7 +841,7 @@ def _trace_with_jaxpr(workload: Workload) -> tuple[Graph, Any, dict[tuple, tuple
             f"workload {workload.name!r}: the jaxpr has {len(jaxpr.invars)} inputs but the arguments have "
             f"{len(leaves)} leaves"
         )
-    b = _Builder()
+    b = _Builder(visits)
     argnames = workload.argnames
     ins = []
     for v, (path, leaf) in zip(jaxpr.invars, leaves, strict=True):
@@ -873,5 +878,5 @@ def _trace_with_jaxpr(workload: Workload) -> tuple[Graph, Any, dict[tuple, tuple
     def name(t: int | None) -> str | None:
         return f"t{t}" if t is not None and t in live else None
 
-    visits = {k: ([name(t) for t in i], [name(t) for t in o]) for k, (i, o) in b.visits.items()}
-    return graph, closed, visits
+    named = {k: ([name(t) for t in i], [name(t) for t in o]) for k, (i, o) in b.visits.items()}
+    return graph, closed, named

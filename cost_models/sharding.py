@@ -393,22 +393,58 @@ def conv_split(
     return out, factor
 
 
-def _groups_cache(g: Graph) -> tuple[dict[str, list[Group]], dict[tuple, tuple], dict[str, int]]:
-    """The graph's groups so far: by op, templates by an op's structure, each op's template id."""
-    return g.derived("op_groups", lambda: ({}, {}, {}))
+def _groups_cache(
+    g: Graph,
+) -> tuple[dict[str, list[Group]], dict[tuple, int], dict[str, int | None], list]:
+    """The graph's groups so far: the materialised lists by op, template ids by an op's
+    structure, each op's template id (``None``: a conv, or parameters that do not hash), and
+    the templates (see :func:`op_template`)."""
+    return g.derived("op_groups", lambda: ({}, {}, {}, []))
 
 
 def op_groups(g: Graph, op: Op) -> list[Group]:
     """The op's groups, in a fixed order (outputs' axes first). Cached on the graph (the
     search and the final pricing walk one graph many times); the list is shared, so callers
-    must not change it."""
-    cache, alike, kinds = _groups_cache(g)
+    must not change it. Ops alike (:func:`op_kind`) share a template; an op's own list is
+    made from it when first asked for."""
+    cache, _, kinds, templates = _groups_cache(g)
     v = cache.get(op.name)
     if v is not None:
         return v
+    k = op_kind(g, op)
+    v = cache.get(op.name)  # the first op of its kind, or one with no kind
+    if v is None:
+        ts = list(dict.fromkeys(op.outputs + op.inputs))
+        v = cache[op.name] = [
+            Group(tuple([(ts[j], a) for j, a in m]), kind, dim) for m, kind, dim in templates[k][0]
+        ]
+    return v
+
+
+def op_template(g: Graph, op: Op) -> tuple[list, bool, int] | None:
+    """The op's groups over its tensors' positions (outputs, then inputs, a repeated one
+    once) as ``(members, kind, dim)``, whether every group has a dim, and the op's kind;
+    ``None`` for an op with no kind. Reading it makes no groups."""
+    _, _, kinds, templates = _groups_cache(g)
+    try:
+        k = kinds[op.name]
+    except KeyError:
+        k = op_kind(g, op)
+    return None if k is None else templates[k]
+
+
+def op_kind(g: Graph, op: Op) -> int | None:
+    """An id shared by the ops of ``g`` alike in everything :func:`op_groups` reads (the same
+    op in another layer); ``None`` for a conv or an op whose parameters do not hash."""
+    cache, alike, kinds, templates = _groups_cache(g)
+    try:
+        return kinds[op.name]
+    except KeyError:
+        pass
     if op.primitive == "conv_general_dilated":  # its joins read the parameters' windows
-        v = cache[op.name] = _op_groups(g, op)
-        return v
+        cache[op.name] = _op_groups(g, op)
+        kinds[op.name] = None
+        return None
     # an op alike in primitive, parameters, tensors' shapes, dtypes and dims and links by
     # position (the same op in another layer) has the same groups over its own tensors
     ts = list(dict.fromkeys(op.outputs + op.inputs))
@@ -419,31 +455,23 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
            tuple([(x.shape, x.dtype, x.dims) for x in tt]),
            tuple([tuple([(pos.get(t, -1), a) for t, a in link]) for link in op.links]))  # fmt: skip
     try:
-        made = alike.get(key)
+        k = alike.get(key)
     except TypeError:  # a parameter that does not hash
-        key = made = None
-    if made is None:
-        v = _op_groups(g, op)
-        if key is not None:
-            made = alike[key] = (
-                len(alike),
-                [(tuple((pos[t], a) for t, a in x.members), x.kind, x.dim) for x in v],
+        cache[op.name] = _op_groups(g, op)
+        kinds[op.name] = None
+        return None
+    if k is None:
+        v = cache[op.name] = _op_groups(g, op)
+        k = alike[key] = len(templates)
+        templates.append(
+            (
+                [(tuple([(pos[t], a) for t, a in x.members]), x.kind, x.dim) for x in v],
+                all(x.dim is not None for x in v),
+                k,
             )
-    else:
-        v = [Group(tuple([(ts[k], a) for k, a in m]), kind, dim) for m, kind, dim in made[1]]
-    if made is not None:
-        kinds[op.name] = made[0]
-    cache[op.name] = v
-    return v
-
-
-def op_kind(g: Graph, op: Op) -> int | None:
-    """An id shared by the ops of ``g`` alike in everything :func:`op_groups` reads (the same
-    op in another layer); ``None`` for a conv or an op whose parameters do not hash."""
-    cache, _, kinds = _groups_cache(g)
-    if op.name not in cache:
-        op_groups(g, op)
-    return kinds.get(op.name)
+        )
+    kinds[op.name] = k
+    return k
 
 
 def _op_groups(g: Graph, op: Op) -> list[Group]:

@@ -696,7 +696,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     for t in g.tensors:
         if t not in layouts:
             layouts[t] = ((),) * len(g.tensors[t].shape)
-    priced = price(g, hw, mesh, layouts, lambda op, groups: assigns[op.name], donated=st.donated)
+    priced = price(g, hw, mesh, layouts, assigns, donated=st.donated)
     rules, exceptions = derive_rules(g, mesh, layouts)
     hand = None
     if check_hand and status != "INFEASIBLE":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from autolayout.cost_models.sharding import (
     op_groups,
     op_kind,
     op_signature,
+    op_template,
     reshard,
 )
 
@@ -79,7 +80,7 @@ class Structure:
     """What the request needs of a graph that does not depend on the mesh."""
 
     graph: Graph
-    groups: dict[str, list[Group]]
+    groups: Mapping[str, list[Group]]  # op -> its groups (made on first read)
     leaders: list[list[str]]  # node -> member ops, or [tensor] for an input node
     node_kind: list[str]  # "op" | "input"
     node_of: dict[str, int]  # leader op / input tensor -> node
@@ -141,7 +142,7 @@ def _segment_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return cs[starts[1:]] - cs[starts[:-1]]
 
 
-def _colours(g, groups, sources, producer, readers, follow_shift, free, fused, follows):
+def _colours(g, sources, producer, readers, follow_shift, free, fused, follows):
     """Weisfeiler-Lehman colours of the ops and source tensors: by their structure, then
     ``WL_ROUNDS`` times by their inputs' colours (in order, seen through the loop boundaries'
     shifts) and their outputs' readers' colours (per output, as a multiset), as 64-bit hashes
@@ -164,9 +165,13 @@ def _colours(g, groups, sources, producer, readers, follow_shift, free, fused, f
         if part is None:  # primitive, parameters, shapes and groups by position
             ts = list(dict.fromkeys(op.outputs + op.inputs))
             pos = {t: k for k, t in enumerate(ts)}
+            if kind is None:
+                by_pos = tuple((x.kind, tuple((pos[t], a) for t, a in x.members))
+                               for x in op_groups(g, op))  # fmt: skip
+            else:
+                by_pos = tuple((k, m) for m, k, _ in op_template(g, op)[0])
             part = (op.primitive, op.params, tuple((g.tensors[t].shape, g.tensors[t].dtype) for t in ts),
-                    tuple(pos[t] for t in op.inputs),
-                    tuple((x.kind, tuple((pos[t], a) for t, a in x.members)) for x in groups[op.name]))  # fmt: skip
+                    tuple(pos[t] for t in op.inputs), by_pos)  # fmt: skip
             if kind is not None:
                 alike[kind] = part
         keys.append(op.name)
@@ -233,6 +238,37 @@ def _colours(g, groups, sources, producer, readers, follow_shift, free, fused, f
     return dict(zip(keys, c.view(np.int64).tolist(), strict=True))
 
 
+class _Groups(Mapping):
+    """Each op's groups (not a loop's), made when first read (:func:`op_groups`): most ops
+    are read only through their kind's template."""
+
+    def __init__(self, g: Graph, ops: dict[str, Op]) -> None:
+        self.graph, self.ops = g, ops
+
+    def __getitem__(self, name: str) -> list[Group]:
+        op = self.ops[name]
+        if op.primitive in LOOP_OPS:
+            raise KeyError(name)
+        return op_groups(self.graph, op)
+
+    def __contains__(self, name: object) -> bool:
+        op = self.ops.get(name)  # type: ignore[call-overload]
+        return op is not None and op.primitive not in LOOP_OPS
+
+    def __iter__(self):
+        return (op.name for op in self.graph.ops if op.primitive not in LOOP_OPS)
+
+    def __len__(self) -> int:
+        return sum(op.primitive not in LOOP_OPS for op in self.graph.ops)
+
+
+def _group_kinds(g: Graph, op: Op) -> list[str]:
+    tpl = op_template(g, op)
+    if tpl is None:
+        return [grp.kind for grp in op_groups(g, op)]
+    return [kind for _, kind, _ in tpl[0]]
+
+
 def analyse(
     g: Graph, *, share: bool = True, donated: Sequence[str] = (), merge: bool = True
 ) -> Structure:
@@ -251,21 +287,18 @@ def analyse(
     bounds = boundaries(g, aliased)
     follow_shift = {b.dst: b for b in bounds if b.kind in ("enter", "exit")}
 
-    groups: dict[str, list[Group]] = {}
+    groups = _Groups(g, ops)
     follows: dict[str, str] = {}  # follower op -> the tensor it follows
     for op in g.ops:
         if op.primitive in LOOP_OPS:
             continue
-        groups[op.name] = op_groups(g, op)
         t = _is_follower(g, op, readers, free) if merge else None
-        if t is not None and all(grp.kind == "pass" for grp in groups[op.name]):
+        if t is not None and all(kind == "pass" for kind in _group_kinds(g, op)):
             follows[op.name] = t
 
     sources = [t for t in g.tensors if t not in producer and t not in follow_shift]
     colour = (
-        _colours(g, groups, sources, producer, readers, follow_shift, free, fused, follows)
-        if share
-        else {}
+        _colours(g, sources, producer, readers, follow_shift, free, fused, follows) if share else {}
     )
 
     # nodes: leader ops and source tensors, merged by colour when sharing
@@ -526,7 +559,7 @@ class Request:
             if op.name in st.groups and op.name not in out:
                 if layouts is None:
                     layouts = self.layouts_of(choice)
-                out[op.name] = rename(follower_assign(g, st.groups[op.name], layouts))
+                out[op.name] = rename(_follower_assign_of(g, op, st.groups, layouts))
         return out
 
     # --- prices of a choice, from this data alone ------------------------------------------
@@ -576,6 +609,19 @@ def follower_assign(g: Graph, groups: list[Group], layouts: dict[str, Layout]) -
     out = []
     for grp in groups:
         t, a = next((t, a) for t, a in grp.members if t in layouts)
+        out.append(layouts[t][a])
+    return tuple(out)
+
+
+def _follower_assign_of(g: Graph, op: Op, groups: Mapping, layouts: dict[str, Layout]) -> tuple:
+    """:func:`follower_assign` of ``op``, read off its kind's template (no groups made)."""
+    tpl = op_template(g, op)
+    if tpl is None:
+        return follower_assign(g, groups[op.name], layouts)
+    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    out = []
+    for m, _, _ in tpl[0]:
+        t, a = next((ts[j], a) for j, a in m if ts[j] in layouts)
         out.append(layouts[t][a])
     return tuple(out)
 
