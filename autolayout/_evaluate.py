@@ -24,6 +24,7 @@ from ._ir import Graph, Tensor, model_named, op_index, per_graph
 from ._plan import Plan
 from ._workload import Workload
 from .cost_models.sharding import (
+    Comm,
     OpCost,
     copied_inputs,
     local_bytes,
@@ -220,6 +221,8 @@ def price(
     alike: dict[tuple, tuple] = {}
     static = g.derived("alike ops", dict)  # op -> the part of its alike key the graph fixes
     given = assign_of if isinstance(assign_of, Mapping) else None
+    index = op_index(g)
+    spans: dict[tuple, list[int]] = {}  # (tensor, layout) read in another layout: op span
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
@@ -230,23 +233,22 @@ def price(
             groups = op_groups(g, op)
             assign = given[op.name] if given is not None else assign_of(op, groups)
             c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
+            read = [(t, w) for t, w in c.wanted.items() if w != layouts[t] and t not in free]
         else:  # groups are made only for the first op of each key
             assign = given[op.name] if given is not None else assign_of(op, op_groups(g, op))
-            c = _op_cost_alike(m, g, op, kind, assign, layouts, resharded, free, fused, alike)
+            c, read = _op_cost_alike(m, g, op, kind, assign, layouts, resharded, free, fused, alike)
         costs.append(c)
+        if read:
+            i = index[op.name]
+            for key in read:
+                span = spans.setdefault(key, [i, i])
+                span[1] = i
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
     used, worst, best = _step_time(compute, comm, hw.efficiency.overlap)
     flops = sum(c.flops * c.op.trip_count for c in costs)
     model_flops = _model_flops(g)
-    index = op_index(g)
-    spans: dict[tuple, list[int]] = {}  # (tensor, layout) read in another layout: op span
-    for c in costs:
-        for t, w in c.wanted.items():
-            if w != layouts[t] and t not in free:
-                span = spans.setdefault((t, w), [index[c.op.name], index[c.op.name]])
-                span[1] = index[c.op.name]
     nbytes = _bytes_of(g, mesh)
     copies = [(a, b, nbytes(t, w)) for (t, w), (a, b) in spans.items()]
     mem = liveness_peak(g, lambda t: nbytes(t, layouts[t]), donated, copies)
@@ -292,13 +294,15 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
     parameters, FLOPs, fusion, shapes, groups, strategy and the layouts of its tensors) to one
     priced before: the 96 layers of a stack are priced once each kind. Tensor names are
     renamed to the op's own. A copy of an input is charged as ``op_cost`` charges it: once
-    per tensor, layout and trip count (``resharded``). ``kind``: ``_alike_kind``."""
+    per tensor, layout and trip count (``resharded``). ``kind``: ``_alike_kind``. Returns the
+    cost and the ``(tensor, layout)`` of each input it reads in another layout (not free)."""
     ins, outs = op.inputs, op.outputs
     key = (kind, tuple(assign), tuple([layouts[t] for t in ins]), tuple([layouts[t] for t in outs]))
     try:
         made = alike.get(key)
     except TypeError:  # layouts given as lists
-        return op_cost(m, g, op, op_groups(g, op), assign, layouts, resharded, free, fused)
+        c = op_cost(m, g, op, op_groups(g, op), assign, layouts, resharded, free, fused)
+        return c, [(t, w) for t, w in c.wanted.items() if w != layouts[t] and t not in free]
     if made is None:  # priced with no copy shared; the copies' collectives apart
         c0 = op_cost(m, g, op, op_groups(g, op), assign, layouts, None, free, fused)
         copies = []
@@ -307,10 +311,15 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
                 (ins.index(t), c0.wanted[t], reshard(m, g.tensors[t], layouts[t], c0.wanted[t]))
             )
         rest = c0.comms[sum(len(cc) for _, _, cc in copies) :]
-        made = alike[key] = (c0, copies, rest)
-    c0, copies, rest = made
+        # by position: the key holds the inputs' layouts, and which inputs are free
+        read = [
+            (ins.index(t), w) for t, w in c0.wanted.items() if w != layouts[t] and t not in free
+        ]
+        made = alike[key] = (c0, copies, rest, read)
+    c0, copies, rest, read = made
     ins0, outs0 = c0.op.inputs, c0.op.outputs
     same = ins0 is ins and outs0 is outs
+    reads = [(ins[j], w) for j, w in read] if read else read
     comms: list = []
     for pos, w, cc in copies:
         t = ins[pos]
@@ -318,25 +327,28 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
         if k in resharded:
             continue
         resharded.add(k)
-        comms += cc if t == ins0[pos] else [dataclasses.replace(x, tensor=t) for x in cc]
+        comms += cc if t == ins0[pos] else [_on(x, t) for x in cc]
     if same:
         return OpCost(op, c0.strategy, c0.wanted, c0.produced, c0.partial, c0.flops, c0.bytes,
-                      c0.compute_s, comms + rest)  # fmt: skip
+                      c0.compute_s, comms + rest), reads  # fmt: skip
     rename = dict(zip(outs0, outs, strict=True))
-    comms += [dataclasses.replace(x, tensor=rename.get(x.tensor, x.tensor)) for x in rest]
+    comms += [_on(x, rename.get(x.tensor, x.tensor)) for x in rest]
     return OpCost(
         op, c0.strategy,
         {t: c0.wanted[t0] for t, t0 in zip(ins, ins0, strict=True)},
         {t: c0.produced[t0] for t, t0 in zip(outs, outs0, strict=True)},
         c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
-    )  # fmt: skip
+    ), reads  # fmt: skip
+
+
+def _on(x: Comm, t: str) -> Comm:
+    """Collective ``x`` on tensor ``t`` (``x`` itself when it is on ``t``: comms are frozen)."""
+    return x if x.tensor == t else Comm(x.kind, x.axes, x.bytes, x.time_s, t, x.why)
 
 
 def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:
     """Resharding where a loop, a branch or donated state hands a tensor over in another
     layout, as one row per (op, trips): a carry is handed over every iteration."""
-    import dataclasses
-
     from .cost_models.sharding import OpCost, boundaries, boundary_comms
 
     rows: dict[tuple[str, int], OpCost] = {}
