@@ -286,7 +286,9 @@ def _alike_kind(g: Graph, op, free, fused) -> tuple | bool:
     tpl = op_template(g, op)
     if tpl is None or not tpl[1]:
         return False
-    return (tpl[2], op.flops, op.name in fused, tuple(t in free for t in op.inputs))
+    key = (tpl[2], op.flops, op.name in fused, tuple([t in free for t in op.inputs]))
+    interned = g.derived("alike keys", dict)  # ops alike share one (fewer objects to collect)
+    return interned.setdefault(key, key)
 
 
 def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fused, alike):
