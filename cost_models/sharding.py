@@ -433,6 +433,20 @@ def op_template(g: Graph, op: Op) -> tuple[list, bool, int] | None:
     return None if k is None else templates[k]
 
 
+def _signatures(g: Graph) -> tuple[dict[str, int], dict[tuple, int], dict[int, tuple]]:
+    """Per tensor an id of its (shape, dtype, dims); the ops' parameters' ids by value, and
+    by the id of the parameters object (with the object): flat keys for :func:`op_kind`."""
+
+    def make() -> tuple[dict[str, int], dict[tuple, int], dict[int, tuple]]:
+        ids: dict[tuple, int] = {}
+        sig = {
+            t: ids.setdefault((x.shape, x.dtype, x.dims), len(ids)) for t, x in g.tensors.items()
+        }
+        return sig, {}, {}
+
+    return g.derived("op signatures", make)
+
+
 def op_kind(g: Graph, op: Op) -> int | None:
     """An id shared by the ops of ``g`` alike in everything :func:`op_groups` reads (the same
     op in another layer); ``None`` for a conv or an op whose parameters do not hash."""
@@ -449,17 +463,25 @@ def op_kind(g: Graph, op: Op) -> int | None:
     # position (the same op in another layer) has the same groups over its own tensors
     ts = list(dict.fromkeys(op.outputs + op.inputs))
     pos = {t: k for k, t in enumerate(ts)}
-    tensors = g.tensors
-    tt = [tensors[t] for t in ts]
-    key = (op.primitive, op.params, op.opaque, len(op.outputs), tuple([pos[t] for t in op.inputs]),
-           tuple([(x.shape, x.dtype, x.dims) for x in tt]),
-           tuple([tuple([(pos.get(t, -1), a) for t, a in link]) for link in op.links]))  # fmt: skip
-    try:
-        k = alike.get(key)
-    except TypeError:  # a parameter that does not hash
-        cache[op.name] = _op_groups(g, op)
-        kinds[op.name] = None
-        return None
+    sig, by_value, by_id = _signatures(g)
+    held = by_id.get(id(op.params))  # the op's parameters as an id (one per value)
+    if held is None:
+        try:
+            p = by_value.setdefault(op.params, len(by_value))
+        except TypeError:  # a parameter that does not hash
+            cache[op.name] = _op_groups(g, op)
+            kinds[op.name] = None
+            return None
+        by_id[id(op.params)] = (op.params, p)  # held, so the id is never another object's
+    else:
+        p = held[1]
+    links = []
+    for link in op.links:  # by position: a link's length, then position x 256 + axis
+        links.append(len(link))
+        links += [pos.get(t, -1) * 256 + a for t, a in link]
+    key = (op.primitive, p, op.opaque, len(op.outputs), tuple([pos[t] for t in op.inputs]),
+           tuple([sig[t] for t in ts]), tuple(links))  # fmt: skip
+    k = alike.get(key)
     if k is None:
         v = cache[op.name] = _op_groups(g, op)
         k = alike[key] = len(templates)

@@ -158,11 +158,13 @@ def _colours(g, sources, producer, readers, follow_shift, free, fused, follows):
     for op in loops:  # a loop is its own colour; its body's ops are coloured as any
         keys.append(op.name)
         first.append(_digest(("loop", op.name)))
-    alike: dict[int, tuple] = {}  # op_kind -> the structure below (ops of a kind share it)
+    alike: dict[
+        int, int
+    ] = {}  # op_kind -> the digest of the structure below (ops of a kind share it)
     for op in ops:
         kind = op_kind(g, op)
         part = alike.get(kind) if kind is not None else None
-        if part is None:  # primitive, parameters, shapes and groups by position
+        if part is None:  # primitive, parameters, shapes and groups by position, digested
             ts = list(dict.fromkeys(op.outputs + op.inputs))
             pos = {t: k for k, t in enumerate(ts)}
             if kind is None:
@@ -170,8 +172,8 @@ def _colours(g, sources, producer, readers, follow_shift, free, fused, follows):
                                for x in op_groups(g, op))  # fmt: skip
             else:
                 by_pos = tuple((k, m) for m, k, _ in op_template(g, op)[0])
-            part = (op.primitive, op.params, tuple((g.tensors[t].shape, g.tensors[t].dtype) for t in ts),
-                    tuple(pos[t] for t in op.inputs), by_pos)  # fmt: skip
+            part = _digest((op.primitive, op.params, tuple((g.tensors[t].shape, g.tensors[t].dtype) for t in ts),
+                            tuple(pos[t] for t in op.inputs), by_pos))  # fmt: skip
             if kind is not None:
                 alike[kind] = part
         keys.append(op.name)
@@ -195,9 +197,11 @@ def _colours(g, sources, producer, readers, follow_shift, free, fused, follows):
     out_rd, out_pos, out_start = [], [], [0]
     for op in ops:
         for k, t in enumerate(op.inputs):
-            i, sh = ref(t)
-            if sh:
+            if t in follow_shift:
+                i, sh = ref(t)
                 shifted.append((len(in_src), sh))
+            else:
+                i = at[producer.get(t) or "T" + t]
             in_src.append(i)
             in_pos.append(k)
         in_start.append(len(in_src))
@@ -327,7 +331,11 @@ def analyse(
         op.name for op in g.ops if op.primitive not in LOOP_OPS and op.name not in follows
     ]
     for k in keys:
-        cid = _digest((colour[k], tuple(colour[f] for f in chain.get(k, ())))) if share else k
+        if share:  # the colour, with its followers' (in order) where it has a chain
+            ch = chain.get(k)
+            cid = (colour[k], tuple([colour[f] for f in ch])) if ch else colour[k]
+        else:
+            cid = k
         n = by_colour.get(cid)
         if n is None:
             n = by_colour[cid] = len(leaders)
@@ -372,7 +380,7 @@ def analyse(
             continue
         lead = [(r, index[r]) for r in rs if r not in follows and ops[r].primitive not in LOOP_OPS]
         if lead:
-            reads.append((t, [(r, list(ops[r].inputs).index(t), i) for r, i in lead]))
+            reads.append((t, [(r, ops[r].inputs.index(t), i) for r, i in lead]))
     return Structure(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
         root=root, followers=followers, reads=reads,
