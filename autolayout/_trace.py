@@ -89,7 +89,6 @@ class _Builder:
         self.number = 0  # the next op number
         self.templates: dict[tuple, _Template] = {}  # inlined calls walked once (see _inline)
         self.int_links: dict[int, list] = {}  # op number -> its links over tensor ids
-        self.pairs: dict[int, tuple[str, int]] = {}  # axis key -> its (name, axis) in links
         self.scopes: dict[tuple, tuple] = {}  # one object per scope
         self.int_io: list[tuple[int, Sequence[int | None], Sequence[int]]] = []  # per op:
         # (number, input ids, output ids)
@@ -176,24 +175,12 @@ class _Builder:
         name = f"{primitive}.{number}"
         self.int_links[number] = groups
         tn = self.names
-        links = ()
-        if groups:  # one (tensor, axis) pair object per axis, shared by the ops that link it
-            pairs, offsets, lk = self.pairs, self.offsets, []
-            for grp in groups:
-                row = []
-                for t, a in grp:
-                    p = pairs.get(offsets[t] + a)
-                    if p is None:
-                        p = pairs[offsets[t] + a] = (tn[t], a)
-                    row.append(p)
-                lk.append(tuple(row))
-            links = tuple(lk)
         op = Op(
             name=name,
             primitive=primitive,
             inputs=tuple([tn[i] for i in ins if i is not None]),
             outputs=tuple([tn[o] for o in outs]),
-            links=links,
+            links=tuple([tuple([(tn[t], a) for t, a in g]) for g in groups]),
             params=params,
             flops=flops,
             scope=self.scopes.setdefault(scope, scope),
