@@ -233,7 +233,7 @@ def price(
             groups = op_groups(g, op)
             assign = given[op.name] if given is not None else assign_of(op, groups)
             c = op_cost(m, g, op, groups, assign, layouts, resharded, free, fused)
-            read = [(t, w) for t, w in c.wanted.items() if w != layouts[t] and t not in free]
+            read = _copied(op, c, layouts, free)
         else:  # groups are made only for the first op of each key
             assign = given[op.name] if given is not None else assign_of(op, op_groups(g, op))
             c, read = _op_cost_alike(m, g, op, kind, assign, layouts, resharded, free, fused, alike)
@@ -297,14 +297,14 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
     priced before: the 96 layers of a stack are priced once each kind. Tensor names are
     renamed to the op's own. A copy of an input is charged as ``op_cost`` charges it: once
     per tensor, layout and trip count (``resharded``). ``kind``: ``_alike_kind``. Returns the
-    cost and the ``(tensor, layout)`` of each input it reads in another layout (not free)."""
+    cost and its ``_copied`` inputs."""
     ins, outs = op.inputs, op.outputs
     key = (kind, tuple(assign), tuple([layouts[t] for t in ins]), tuple([layouts[t] for t in outs]))
     try:
         made = alike.get(key)
     except TypeError:  # layouts given as lists
         c = op_cost(m, g, op, op_groups(g, op), assign, layouts, resharded, free, fused)
-        return c, [(t, w) for t, w in c.wanted.items() if w != layouts[t] and t not in free]
+        return c, _copied(op, c, layouts, free)
     if made is None:  # priced with no copy shared; the copies' collectives apart
         c0 = op_cost(m, g, op, op_groups(g, op), assign, layouts, None, free, fused)
         copies = []
@@ -313,15 +313,13 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
                 (ins.index(t), c0.wanted[t], reshard(m, g.tensors[t], layouts[t], c0.wanted[t]))
             )
         rest = c0.comms[sum(len(cc) for _, _, cc in copies) :]
-        # by position: the key holds the inputs' layouts, and which inputs are free
-        read = [
-            (ins.index(t), w) for t, w in c0.wanted.items() if w != layouts[t] and t not in free
-        ]
-        made = alike[key] = (c0, copies, rest, read)
-    c0, copies, rest, read = made
+        made = alike[key] = (c0, copies, rest)
+    c0, copies, rest = made
     ins0, outs0 = c0.op.inputs, c0.op.outputs
     same = ins0 is ins and outs0 is outs
-    reads = [(ins[j], w) for j, w in read] if read else read
+    # the copies by position hold for this op too: the key holds the inputs' layouts and
+    # which inputs are free
+    reads = [(ins[pos], w) for pos, w, _ in copies]
     comms: list = []
     for pos, w, cc in copies:
         t = ins[pos]
@@ -341,6 +339,11 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
         {t: c0.produced[t0] for t, t0 in zip(outs, outs0, strict=True)},
         c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
     ), reads  # fmt: skip
+
+
+def _copied(op, c: OpCost, layouts, free) -> list[tuple[str, Any]]:
+    """``(tensor, layout)`` of each input ``c`` reads in another layout (``copied_inputs``)."""
+    return [(t, c.wanted[t]) for t in copied_inputs(op, c.wanted, layouts, free)]
 
 
 def _on(x: Comm, t: str) -> Comm:

@@ -393,6 +393,12 @@ def conv_split(
     return out, factor
 
 
+def op_tensors(op: Op) -> list[str]:
+    """The op's outputs, then its inputs, a repeated tensor once: the positions that
+    templates (:func:`op_template`) and signatures (:func:`op_signature`) index."""
+    return list(dict.fromkeys(op.outputs + op.inputs))
+
+
 def _groups_cache(
     g: Graph,
 ) -> tuple[dict[str, list[Group]], dict[tuple, int], dict[str, int | None], list]:
@@ -414,7 +420,7 @@ def op_groups(g: Graph, op: Op) -> list[Group]:
     k = op_kind(g, op)
     v = cache.get(op.name)  # the first op of its kind, or one with no kind
     if v is None:
-        ts = list(dict.fromkeys(op.outputs + op.inputs))
+        ts = op_tensors(op)
         v = cache[op.name] = [
             Group(tuple([(ts[j], a) for j, a in m]), kind, dim) for m, kind, dim in templates[k][0]
         ]
@@ -461,7 +467,7 @@ def op_kind(g: Graph, op: Op) -> int | None:
         return None
     # an op alike in primitive, parameters, tensors' shapes, dtypes and dims and links by
     # position (the same op in another layer) has the same groups over its own tensors
-    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    ts = op_tensors(op)
     pos = {t: k for k, t in enumerate(ts)}
     sig, by_value, by_id = _signatures(g)
     held = by_id.get(id(op.params))  # the op's parameters as an id (one per value)
@@ -497,7 +503,7 @@ def op_kind(g: Graph, op: Op) -> int | None:
 
 
 def _op_groups(g: Graph, op: Op) -> list[Group]:
-    tensors = list(dict.fromkeys(op.outputs + op.inputs))
+    tensors = op_tensors(op)
     members = [(t, a) for t in tensors for a, s in enumerate(g.tensors[t].shape) if s > 1]
     parent = {k: k for k in members}
 
@@ -561,7 +567,7 @@ def _op_groups(g: Graph, op: Op) -> list[Group]:
 def op_signature(g: Graph, op: Op, groups: list[Group]) -> tuple:
     """What an op's strategies depend on: its tensors' shapes and dtypes (outputs, then each
     input by position, a repeated operand once) and its groups over those positions."""
-    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    ts = op_tensors(op)
     pos = {t: k for k, t in enumerate(ts)}
     tensors = g.tensors
     return (

@@ -594,8 +594,10 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
             r.status, r.note = "SEEDED", "time limit"
             continue
         budget = left / (min(len(order), refine_shapes) - k)
-        sd = r.greedy if r.greedy is not None else seeds(r.request, limit, _now() + budget / 3)
-        r.seeds.update({name: c.step_time_s for name, c in sd.items()})
+        if r.greedy is None:  # made already where the sweep reached the shape
+            r.greedy = seeds(r.request, limit, _now() + budget / 3)
+            r.seeds.update({name: c.step_time_s for name, c in r.greedy.items()})
+        sd = r.greedy
         start = min(sd.values(), key=lambda c: _score(c, limit))
         budget = deadline - _now()
         budget /= max(1, min(len(order), refine_shapes) - k)

@@ -54,6 +54,7 @@ from autolayout.cost_models.sharding import (
     op_kind,
     op_signature,
     op_template,
+    op_tensors,
     reshard,
 )
 
@@ -158,14 +159,13 @@ def _colours(g, sources, producer, readers, follow_shift, free, fused, follows):
     for op in loops:  # a loop is its own colour; its body's ops are coloured as any
         keys.append(op.name)
         first.append(_digest(("loop", op.name)))
-    alike: dict[
-        int, int
-    ] = {}  # op_kind -> the digest of the structure below (ops of a kind share it)
+    # op_kind -> the digest of the structure below (ops of a kind share it)
+    alike: dict[int, int] = {}
     for op in ops:
         kind = op_kind(g, op)
         part = alike.get(kind) if kind is not None else None
         if part is None:  # primitive, parameters, shapes and groups by position, digested
-            ts = list(dict.fromkeys(op.outputs + op.inputs))
+            ts = op_tensors(op)
             pos = {t: k for k, t in enumerate(ts)}
             if kind is None:
                 by_pos = tuple((x.kind, tuple((pos[t], a) for t, a in x.members))
@@ -626,7 +626,7 @@ def _follower_assign_of(g: Graph, op: Op, groups: Mapping, layouts: dict[str, La
     tpl = op_template(g, op)
     if tpl is None:
         return follower_assign(g, groups[op.name], layouts)
-    ts = list(dict.fromkeys(op.outputs + op.inputs))
+    ts = op_tensors(op)
     out = []
     for m, _, _ in tpl[0]:
         t, a = next((ts[j], a) for j, a in m if ts[j] in layouts)
