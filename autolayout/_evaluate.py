@@ -397,10 +397,10 @@ def recomputed_ops(g: Graph) -> set[str]:
     cot: dict[str, bool] = {}
 
     def is_cot(t: str) -> bool:
+        while t not in cot and t in outer:  # a loop: a closure calling itself is a cycle
+            t = outer[t]
         if t in cot:
             return cot[t]
-        if t in outer:
-            return is_cot(outer[t])
         p = producer.get(t)
         return p is not None and index[p] > end and p not in again
 

@@ -22,18 +22,14 @@ def factorisations(n: int, max_axes: int = 3) -> list[tuple[int, ...]]:
     [(12,), (2, 6), (3, 4), (4, 3), (6, 2)]
     """
     out: list[tuple[int, ...]] = []
-
-    def rec(rest: int, cur: tuple[int, ...]) -> None:
+    partial: list[tuple[int, tuple[int, ...]]] = [(n, ())]  # (what is left, factors so far)
+    while partial:
+        rest, cur = partial.pop()
         if rest == 1:
             if cur:
                 out.append(cur)
-            return
-        if len(cur) == max_axes:
-            return
-        for d in _divisors(rest):
-            rec(rest // d, cur + (d,))
-
-    rec(n, ())
+        elif len(cur) < max_axes:
+            partial += [(rest // d, cur + (d,)) for d in _divisors(rest)]
     return sorted(out, key=lambda s: (len(s), s))
 
 

@@ -309,10 +309,13 @@ def analyse(
     chain: dict[str, list[str]] = {}  # leader/source key -> follower ops, program order
     root_key: dict[str, str] = {}  # follower op -> its leader key
 
+    # key_of_tensor and root_of loop instead of recursing: a closure that calls itself is a
+    # reference cycle, which keeps what it reads (here the whole analysis) until a collection
     def key_of_tensor(t: str) -> str:
         b = follow_shift.get(t)
-        if b is not None:
-            return key_of_tensor(b.src)
+        while b is not None:
+            t = b.src
+            b = follow_shift.get(t)
         p = producer.get(t)
         if p is None:
             return "T" + t
@@ -351,22 +354,26 @@ def analyse(
     root: dict[str, Root] = {}
 
     def root_of(t: str) -> Root:
-        r = root.get(t)
-        if r is not None:
-            return r
-        b = follow_shift.get(t)
-        if b is not None:
-            s = root_of(b.src)
-            r = Root(s.node, s.out, s.shift + b.shift)
-        else:
+        chain: list[tuple[str, int | None]] = []  # on the way: a boundary's shift, or None
+        while t not in root:
+            b = follow_shift.get(t)
+            if b is not None:
+                chain.append((t, b.shift))
+                t = b.src
+                continue
             p = producer.get(t)
-            if p is None:
-                r = Root(node_of[t], 0)
-            elif p in follows:
-                r = root_of(follows[p])
-            else:
-                r = Root(node_of[p], ops[p].outputs.index(t))
-        root[t] = r
+            if p in follows:
+                chain.append((t, None))
+                t = follows[p]
+                continue
+            root[t] = (
+                Root(node_of[t], 0) if p is None else Root(node_of[p], ops[p].outputs.index(t))
+            )
+        r = root[t]
+        for u, shift in reversed(chain):
+            if shift is not None:
+                r = Root(r.node, r.out, r.shift + shift)
+            root[u] = r
         return r
 
     for t in g.tensors:
@@ -637,28 +644,20 @@ def _follower_assign_of(g: Graph, op: Op, groups: Mapping, layouts: dict[str, La
 def _splits(sizes_of: list[list[int]], kinds: list[bool], mesh: dict[str, int]) -> list[tuple]:
     """Every way to give each mesh axis to one group (or none), in mesh order, where the
     group's sizes divide."""
-    out: list[tuple] = []
-    axes = list(mesh.items())
     k = len(sizes_of)
-
-    def rec(i: int, cur: list[tuple[str, ...]], prod: list[int]) -> None:
-        if i == len(axes):
-            out.append(tuple(cur))
-            return
-        rec(i + 1, cur, prod)
-        a, n = axes[i]
-        for j in range(k):
-            if not kinds[j]:
-                continue
-            p = prod[j] * n
-            if all(s % p == 0 for s in sizes_of[j]):
-                old = cur[j]
-                cur[j], prod[j] = old + (a,), p
-                rec(i + 1, cur, prod)
-                cur[j], prod[j] = old, p // n
-
-    rec(0, [()] * k, [1] * k)
-    return out
+    states: list[tuple[list[tuple[str, ...]], list[int]]] = [([()] * k, [1] * k)]
+    for a, n in mesh.items():  # per axis: none first, then each group it divides, in order
+        grown = []
+        for cur, prod in states:
+            grown.append((cur, prod))
+            for j in range(k):
+                p = prod[j] * n
+                if kinds[j] and all(s % p == 0 for s in sizes_of[j]):
+                    c, q = cur.copy(), prod.copy()
+                    c[j], q[j] = cur[j] + (a,), p
+                    grown.append((c, q))
+        states = grown
+    return [tuple(cur) for cur, _ in states]
 
 
 def input_layouts(shape: tuple[int, ...], mesh: dict[str, int]) -> list[Layout]:
