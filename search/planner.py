@@ -58,9 +58,9 @@ REFINE = 3  # shapes refined by the ILP (best seeds first)
 LEAST_MEMORY_S = 1.0  # time left below which nothing-fits skips the least-memory search
 FINAL_SHARE = 0.5  # of the time limit kept for pricing the winner exactly, at most
 # the time kept for the final pricing, from the analysis's: pricing the winner, the report's
-# rows and the collection after the pause take about 1.2x it (GPT-3 96 layers), a hand
-# layout priced exactly besides 0.5x more; and a fixed part (a 1-layer step's 0.1 s)
-FINAL_FACTOR, FINAL_FIXED_S = 1.7, 0.1
+# rows and the collection after the pause take 1.1-1.4x it (GPT-3 96 layers), a fixed part
+# (a 1-layer step's 0.1 s), and a fitting hand layout priced exactly besides 0.5x more
+FINAL_FACTOR, FINAL_FIXED_S, FINAL_HAND_FACTOR = 1.4, 0.1, 0.5
 SEED_SHARE = 0.5  # of the time left that pricing the hand layouts on every shape may take
 SWEEP_SHARE = 0.5  # of the time left for the greedy descent on every shape, when nothing fits
 
@@ -554,9 +554,12 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     _CLOCK.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = (_now() if _CLOCK.deterministic else t0) + time_limit_s
+    hand_s = 0.0  # kept for pricing a fitting hand layout exactly, while one may fit
     if not _CLOCK.deterministic:  # time for the final exact pricing, walks like analyse's
-        final = FINAL_FIXED_S + FINAL_FACTOR * (time.perf_counter() - ta)
-        deadline -= min(final, FINAL_SHARE * time_limit_s)
+        analyse_s, cap = time.perf_counter() - ta, FINAL_SHARE * time_limit_s
+        final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, cap)
+        hand_s = min(FINAL_HAND_FACTOR * analyse_s, cap - final)
+        deadline -= final + hand_s
     slots: list[ShapeResult | None] = [None] * len(shapes)
     # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
     seed_deadline = _now() + SEED_SHARE * (deadline - _now())
@@ -579,6 +582,8 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
             progress({"stage": "seed", "mesh": dict(shape), "done": k + 1, "of": len(shapes)})
     results: list[ShapeResult] = slots  # type: ignore[assignment]  # in enumeration order
     _CLOCK.mark("seed")
+    if not any(c.fits(limit) for r in results for c in (r.hand or {}).values()):
+        deadline += hand_s  # no hand layout to price exactly at the end (_hand_exactly)
     if objective == "memory":
         return _least_memory_plan(workload, graph, hw, results, limit, deadline, t0, t_trace, st,
                                   refine_shapes, progress)  # fmt: skip
