@@ -7,6 +7,10 @@
   ``d_ff`` and the vocabulary split; two all-reduces per layer forward and backward.
 * ``2d``: Megatron tensor parallelism on a ``model`` axis, data parallelism on ``data``.
 * ``megatron_fsdp``: Megatron on ``model``, FSDP on ``fsdp``.
+* ``megatron_sp``: Megatron+FSDP with Megatron-LM's sequence parallelism (Korthikanti et al.
+  2022): the tokens' sequence dims also split on ``model``, so the ops outside attention and
+  the MLP (norms, residuals, the activations saved for the backward pass) are split over
+  every device instead of repeated on the model axis. Only where the batch holds token ids.
 * ``spatial``: spatial partitioning (Mesh-TF; Hou et al. 2019), only where the step has
   convolutions: the volume's spatial dims split over up to three mesh axes named after them,
   halos exchanged with the neighbours around every conv.
@@ -25,7 +29,7 @@ from collections.abc import Sequence
 from autolayout._errors import RuleError
 from autolayout._ir import Graph, model_named
 
-NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "spatial")
+NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "megatron_sp", "spatial")
 TP_DIMS = ("heads", "d_ff", "vocab")
 
 
@@ -63,6 +67,19 @@ def tp_dims(g: Graph, model_dims: Sequence[str] | None = None, devices: int = 1)
     except RuleError:  # batch 1
         batch = ""
     return named or _param_dims(g, batch, devices)[:1]
+
+
+def seq_dims(g: Graph) -> list[str]:
+    """The sequence dims of the token inputs: axis 1 of each rank-2 integer batch input
+    (``seq``; T5's ``enc_seq`` and ``dec_seq``). Empty where the batch holds no tokens."""
+    out: list[str] = []
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if (tt.path or "").startswith("batch") and len(tt.shape) == 2 and "int" in tt.dtype:
+            d = tt.dims[1]
+            if d is not None and g.dims.get(d, 1) > 1 and d not in out:
+                out.append(d)
+    return out
 
 
 def spatial_dims(g: Graph) -> list[list[str]]:
@@ -153,6 +170,11 @@ def standard_layout(
         ]
     rules = [(batch, ("fsdp",))] + [(d, ("model",)) for d in tp]
     rules += [(d, ("fsdp",)) for d in fsdp if d not in tp]
+    if name == "megatron_sp":
+        seq = seq_dims(g)
+        if not seq:
+            raise RuleError(f"workload {g.name!r}: no token sequence dim (sequence parallelism)")
+        rules += [(d, ("model",)) for d in seq]
     return {"fsdp": devices // m, "model": m}, rules
 
 
@@ -171,9 +193,9 @@ def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, 
 
 def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
     """The standard layouts as rules on any mesh: DP and FSDP over every axis, Megatron over
-    every axis, and (with two or more axes) 2-D and Megatron+FSDP with the last axis as the
-    model axis and the others as data; spatial partitioning with each spatial position on one
-    axis, in order. Without a batch dim (batch 1) only Megatron and spatial. Rules the dims
+    every axis, and (with two or more axes) 2-D, Megatron+FSDP and (where the batch holds
+    tokens) Megatron+FSDP+SP with the last axis as the model axis and the others as data;
+    spatial partitioning with each spatial position on one axis, in order. Without a batch dim (batch 1) only Megatron and spatial. Rules the dims
     do not divide are left out."""
     axes = tuple(mesh)
     cands: dict[str, list] = {}
@@ -199,6 +221,9 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
         cands["megatron_fsdp"] = (
             [(batch, data)] + [(d, model) for d in tp] + [(d, data) for d in fsdp if d not in tp]
         )
+        seq = seq_dims(g)
+        if seq:
+            cands["megatron_sp"] = cands["megatron_fsdp"] + [(d, model) for d in seq]
     return _dividing(g, mesh, cands)
 
 

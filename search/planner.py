@@ -99,11 +99,16 @@ class ShapeResult:
 
 class _Clock:
     """Wall time, or (deterministic) a count of work: each CP-SAT solve's deterministic time
-    and a fixed charge per priced candidate, so deadlines fall at the same point of the
-    search on any machine and any load."""
+    and its model's size, and a fixed charge per priced candidate and per mesh shape, so
+    deadlines fall at the same point of the search on any machine and any load."""
 
     PRICE_S = 0.02  # a priced rule-set candidate
     SHAPE_S = 0.2  # a request built for a mesh shape
+    # an ILP's variable or constraint, built in Python: CP-SAT's deterministic time leaves
+    # out the model's building, which was most of the wall time (GPT-3 shapes, 2 layers,
+    # least-memory models of 150k elements: 3-4 s built, 0.1-0.5 s deterministic; a 20 s
+    # limit ran 57-120 s); measured 1.4e-5-2e-5 s an element on the 2-core machine
+    ELEMENT_S = 2e-5
 
     def __init__(self, deterministic: bool = False) -> None:
         self.deterministic = deterministic
@@ -133,7 +138,7 @@ def _now() -> float:
 
 def _solve(req: Request, **kw) -> ilp.Solution:
     sol = ilp.solve(req, deterministic=_CLOCK.deterministic, **kw)
-    _CLOCK.charge(sol.deterministic_s)
+    _CLOCK.charge(sol.deterministic_s + _Clock.ELEMENT_S * (sol.variables + sol.constraints))
     return sol
 
 
@@ -644,14 +649,24 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
 
 
 def seed_order(shapes: Sequence[Mapping[str, int]]) -> list[int]:
-    """The order mesh shapes are seeded in (indices into ``shapes``): fewer axes first, then
-    the balanced ones (largest axis over smallest), then enumeration order. A short time
-    limit seeds only the first few, and a large model's best shape is a balanced 2-D one
-    (GPT-3 24-96 layers on tpu-v4-1024: 32 x 16), where enumeration order reaches it after
-    2 x 256, 4 x 128, 8 x 64 and 16 x 32."""
+    """The order mesh shapes are seeded in (indices into ``shapes``): two axes first, then
+    one, then three; within each, the balanced ones (largest axis over smallest) first, then
+    those with the smaller last axis (the hand layouts' model axis: 32 x 16 before 16 x 32).
+
+    A short time limit seeds only the first few (GPT-3 at 96 layers on tpu-v4-1024 at 5 s:
+    one). A 2-D shape's seeds hold the 1-D layouts too (DP, FSDP and Megatron over both
+    axes) besides 2-D and Megatron+FSDP, and a large model's best shape is a balanced 2-D
+    one (GPT-3 24-96 layers: 32 x 16), which 1-D first left unseeded at 96 layers (the
+    5 s plan reported 357 GiB where 32 x 16 needs 58)."""
+    rank = {2: 0, 1: 1}
     return sorted(
         range(len(shapes)),
-        key=lambda i: (len(shapes[i]), max(shapes[i].values()) / min(shapes[i].values()), i),
+        key=lambda i: (
+            rank.get(len(shapes[i]), len(shapes[i])),
+            max(shapes[i].values()) / min(shapes[i].values()),
+            list(shapes[i].values())[-1],
+            i,
+        ),
     )
 
 

@@ -446,6 +446,17 @@ class Request:
     _read_cost: dict[tuple, float] = field(default_factory=dict)
     _bytes: dict[tuple, int] = field(default_factory=dict)
     _liveness: Any = None  # memory_peak's layout ids per buffer kind and reader
+    _wanted_by: dict[tuple[int, int], dict[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def wanting(self, n: int, pos: int) -> dict[int, tuple[int, ...]]:
+        """Node ``n``'s strategies by the layout they want input ``pos`` in."""
+        by = self._wanted_by.get((n, pos))
+        if by is None:
+            by = {}
+            for s, w in enumerate(self.nodes[n].wanted[pos]):
+                by.setdefault(w, []).append(s)  # type: ignore[attr-defined]
+            by = self._wanted_by[(n, pos)] = {w: tuple(v) for w, v in by.items()}
+        return by
 
     @property
     def graph(self) -> Graph:
@@ -840,16 +851,13 @@ def memory_row(req: Request, point: int) -> MemoryRow:
             continue
         r0 = st.root[t]
         mp = req.maps[t]
-        wants = {w for n, pos in before + after for w in req.nodes[n].wanted[pos]}
+        before, after = list(dict.fromkeys(before)), list(dict.fromkeys(after))
+        by_b = [(n, req.wanting(n, pos)) for n, pos in before]
+        by_a = [(n, req.wanting(n, pos)) for n, pos in after]
+        wants = {w for _, by in by_b + by_a for w in by}
         for w in wants:
-
-            def strat(lst, w=w):
-                return tuple(
-                    (n, tuple(s for s, x in enumerate(req.nodes[n].wanted[pos]) if x == w))
-                    for n, pos in dict.fromkeys(lst)
-                )
-
-            bw, aw = strat(before), strat(after)
+            bw = tuple((n, by.get(w, ())) for n, by in by_b)
+            aw = tuple((n, by.get(w, ())) for n, by in by_a)
             if not any(s for _, s in bw) or not any(s for _, s in aw):
                 continue
             same = tuple(s for s, x in enumerate(mp) if x == w)

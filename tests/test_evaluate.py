@@ -124,6 +124,34 @@ def test_standard_layouts_are_named_from_dims(gpt_graph):
     assert lays["fsdp"][1] == [("batch", ("fsdp",)), ("d_model", ("fsdp",))]
     assert "megatron" not in lays  # tiny GPT has 4 heads: pure TP on 8 does not divide
     assert lays["megatron_fsdp"][0] == {"fsdp": 2, "model": 4}
+    mesh, rules = lays["megatron_sp"]  # Megatron+FSDP, the tokens' sequence on the model axis
+    assert (mesh, rules[:-1]) == lays["megatron_fsdp"] and rules[-1] == ("seq", ("model",))
+
+
+def test_sequence_parallel_needs_tokens_and_splits_the_saved_activations():
+    """Megatron+FSDP+SP where the batch holds token ids (T5: both sequences), not on the
+    MLP (no tokens); GPT-3 shapes on 512 chips: with the sequence split on the model axis
+    the activations outside attention and the MLP are split 16 ways more, so the step needs
+    less than half the activation memory of Megatron+FSDP alone, and less memory."""
+    from autolayout.search.baselines import seq_dims
+
+    assert seq_dims(al.trace(load_model("t5"))) == ["enc_seq", "dec_seq"]
+    mlp = al.trace(load_model("mlp"))
+    assert seq_dims(mlp) == [] and "megatron_sp" not in standard_layouts(mlp, 8)
+    with pytest.raises(al.RuleError, match="sequence"):
+        standard_layout(mlp, "megatron_sp", 8)
+    wl = load_model("gpt", size="gpt3-175b", layers=2, remat="full")
+    g = al.trace(wl)
+    mesh = {"fsdp": 32, "model": 16}
+    mem = {}
+    for name in ("megatron_fsdp", "megatron_sp"):
+        rules = standard_layout(g, name, 512)[1]
+        p = al.evaluate(wl, "tpu-v4-1024", mesh=mesh, rules=rules, graph=g)
+        mem[name] = p.predicted
+    sp, mf = (mem[k]["memory_by_category"]["activations"] for k in ("megatron_sp", "megatron_fsdp"))
+    assert sp < mf / 2, mem
+    sp, mf = (mem[k]["memory_bytes_per_device"] for k in ("megatron_sp", "megatron_fsdp"))
+    assert sp < mf, mem
 
 
 def test_remat_adds_recompute_flops_but_model_flops_stay():
