@@ -289,10 +289,16 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objectiv
             )
     _print_plan(p, out)
     tried = p.solver["mesh_shapes_tried"]
-    solved = sum(r["status"] not in ("SEEDED",) for r in tried)
+    count = {k: sum(r["status"] in ks for r in tried) for k, ks in (
+        ("solved by the ILP", ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE")),
+        ("ruled out by a lower bound", ("PRUNED",)),
+        ("priced by hand layouts only", ("SEEDED",)),
+        ("not reached in the time limit", ("SKIPPED",)),
+    )}  # fmt: skip
+    parts = ", ".join(f"{n} {what}" for what, n in count.items() if n)
     click.echo(
-        f"searched {len(tried)} mesh shapes ({solved} solved by the ILP) in "
-        f"{p.solver['wall_s']:.1f} s; exceptions to the rules: {len(p.solver['exceptions'])}"
+        f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s; "
+        f"exceptions to the rules: {len(p.solver['exceptions'])}"
     )
     if p.status == "INFEASIBLE":
         sys.exit(1)

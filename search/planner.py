@@ -15,9 +15,12 @@ Per mesh shape (:mod:`.meshes`):
 3. **Memory rows** are added where a solution breaks the limit (at its liveness peak) and
    the model solved again, until the solution fits or the model is infeasible.
 
-Shapes are refined best seed first; a shape whose best seed is more than ``prune`` times the
-best refined step time is recorded with its seed and not refined. Every shape tried is kept
-in ``plan.solver["mesh_shapes_tried"]``.
+Shapes are refined best seed first; a shape whose lower bound (``Request.lower_bound``, where
+the request is small) is no better than the best found is ``PRUNED``, and one whose best
+seed is more than ``prune`` times the best refined step time is recorded with its seed and
+not refined (where its lower bound is not known). Every shape tried is kept in
+``plan.solver["mesh_shapes_tried"]``. The plan is ``OPTIMAL`` only where its shape's whole
+ILP is, and every other shape's too or its bound rules it out.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class ShapeResult:
     request: Request | None = None
     note: str = ""
     hand: dict[str, Candidate] = field(default_factory=dict)  # the hand-layout seeds
+    lower_bound: float | None = None  # no layout on this shape is faster (where computed)
     greedy: dict[str, Candidate] | None = None  # seeds with the greedy descent, once made
 
 
@@ -597,43 +601,49 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     if order and not any(r.best.fits(limit) for r in order):
         order = _sweep(order, limit, deadline)
     best_time = math.inf
+    refined = 0  # shapes refined so far (a pruned one takes no turn)
     for k, r in enumerate(order):
         ts = time.perf_counter()
-        if k >= refine_shapes:
+        if _now() < deadline and _pruned(r, best_time, full_limit):
+            continue
+        if refined >= refine_shapes:
             r.status, r.note = "SEEDED", f"not among the {refine_shapes} best seeded shapes"
             continue
-        if r.best.fits(limit) and r.best.step_time_s > prune * best_time:
+        if r.lower_bound is None and r.best.fits(limit) and r.best.step_time_s > prune * best_time:
             r.status, r.note = "SEEDED", f"best seed {r.best.step_time_s / best_time:.2f}x the best"
             continue
         left = deadline - _now()
         if left <= 0.1:
             r.status, r.note = "SEEDED", "time limit"
             continue
-        budget = left / (min(len(order), refine_shapes) - k)
+        turns = min(len(order) - k, refine_shapes - refined)  # this one and those to come
+        refined += 1
         if r.greedy is None:  # made already where the sweep reached the shape
-            r.greedy = seeds(r.request, limit, _now() + budget / 3)
+            r.greedy = seeds(r.request, limit, _now() + left / turns / 3)
             r.seeds.update({name: c.step_time_s for name, c in r.greedy.items()})
         sd = r.greedy
         start = min(sd.values(), key=lambda c: _score(c, limit))
-        budget = deadline - _now()
-        budget /= max(1, min(len(order), refine_shapes) - k)
         best, status, nv, nc = refine(
-            r.request, limit, start, list(sd.values()), budget, full_limit
+            r.request, limit, start, list(sd.values()), (deadline - _now()) / turns, full_limit
         )
         r.best, r.status, r.variables, r.constraints = best, status, nv, nc
         r.wall_s += time.perf_counter() - ts
         if best.fits(limit):
             best_time = min(best_time, best.step_time_s)
         if progress:
-            progress({"stage": "solve", "mesh": r.mesh, "done": k + 1,
+            progress({"stage": "solve", "mesh": r.mesh, "done": refined,
                       "of": min(len(order), refine_shapes), "step_time_s": best.step_time_s})  # fmt: skip
     _CLOCK.mark("refine")
     feasible = [r for r in results if r.best is not None and r.best.fits(limit)]
     if feasible:
         win = min(feasible, key=lambda r: r.best.step_time_s)
         status = win.status if win.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") else "FEASIBLE"
-        if status == "OPTIMAL" and len(results) > 1 and any(r.status == "SEEDED" for r in results):
-            status = "FEASIBLE"  # optimal on its shape; other shapes were not solved
+        # optimal on its shape; optimal overall where every other shape was solved exactly
+        # or its lower bound rules it out (not where one was only seeded, or skipped)
+        if status == "OPTIMAL" and any(
+            r is not win and r.status not in ("OPTIMAL", "PRUNED") for r in results
+        ):
+            status = "FEASIBLE"
     else:
         # nothing fits: report the layout that needs the least memory, and how much
         win = min((r for r in results if r.best is not None), key=lambda r: r.best.memory_bytes)
@@ -646,6 +656,24 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         status = "INFEASIBLE"
         _CLOCK.mark("least_memory")
     return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
+
+
+def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
+    """Marks ``r`` PRUNED when no layout on its shape can beat ``best_time``: its request's
+    lower bound (every node at its cheapest strategy, resharding free) is at least that.
+    Computed where the request is small enough for the whole ILP (whose node costs it
+    shares); the bound ignores resharding and memory, so it rules out few shapes of a large
+    model, and pricing every strategy there takes seconds."""
+    req = r.request
+    if req is None or not math.isfinite(best_time) or req.size() > full_limit:
+        return False
+    if r.lower_bound is None:
+        r.lower_bound = req.lower_bound()
+    if r.lower_bound < best_time:
+        return False
+    r.status = "PRUNED"
+    r.note = f"lower bound {r.lower_bound:.4g} s >= the best found {best_time:.4g} s"
+    return True
 
 
 def seed_order(shapes: Sequence[Mapping[str, int]]) -> list[int]:
@@ -786,6 +814,8 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},
                "status": r.status, "wall_s": r.wall_s, "variables": r.variables,
                "constraints": r.constraints, "seeds": r.seeds, "note": r.note}  # fmt: skip
+        if r.lower_bound is not None:
+            row["lower_bound_s"] = r.lower_bound
         if r.best is not None:
             row["step_time_s"] = r.best.step_time_s
             row["memory_bytes_per_device"] = r.best.memory_bytes

@@ -218,6 +218,31 @@ def test_ilp_time_limit_covers_building_the_model():
     assert wall < 0.5 * costs_s  # measured: 0.12 s against 1.4 s of node costs
 
 
+def test_lower_bounds_prune_shapes_and_prove_the_plan_optimal():
+    """Dims that only 2 divides: on 8 devices a 1-D mesh splits nothing, 2 x 2 x 2 splits
+    all three. A shape whose lower bound (every node at its cheapest strategy) is no better
+    than the best found is PRUNED, a shape whose bound is better is refined even when its
+    seeds are poor (here 2x the best: 2 x 2 x 2's rules split nothing either), and the plan
+    is OPTIMAL only because every other shape is solved whole or pruned."""
+
+    def step(w, x):
+        return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+    wl = al.Workload(
+        step, (al.spec((1022, 2046), ("d_in", "d_out")), al.spec((1998, 1022), ("batch", "d_in")))
+    )
+    p = al.plan(wl, "cpu-8", time_limit_s=20, deterministic=True)
+    tried = p.solver["mesh_shapes_tried"]
+    assert p.status == "OPTIMAL" and p.devices == 8
+    assert all(r["status"] in ("OPTIMAL", "PRUNED") for r in tried), tried
+    pruned = [r for r in tried if r["status"] == "PRUNED"]
+    assert pruned and all(r["lower_bound_s"] >= p.predicted["step_time_s"] for r in pruned)
+    assert len(p.mesh) == 3  # 2 x 2 x 2, whose best seed was 2x the best refined before
+    chosen = next(r for r in tried if r["chosen"])
+    assert chosen["step_time_s"] <= min(r["step_time_s"] for r in tried) * (1 + 1e-9)
+    assert p.predicted["step_time_s"] < 0.5 * max(r["step_time_s"] for r in tried)
+
+
 def test_deterministic_plan_stays_near_its_work_limit():
     """Deterministic mode counts work, not seconds, but the count includes building each ILP
     (CP-SAT's deterministic time leaves it out): GPT-3 shapes at 2 layers with 1 GiB a
@@ -304,6 +329,8 @@ def test_plan_records_its_search(gpt_plan):
     assert chosen["step_time_s"] == pytest.approx(p.predicted["step_time_s"], rel=1e-9)
     assert all("step_time_s" in r for r in tried)
     assert math.prod(p.mesh.values()) == 8
+    if p.status == "OPTIMAL":  # only proven: every other shape solved whole or bounded out
+        assert all(r["status"] in ("OPTIMAL", "PRUNED") for r in tried), tried
 
 
 def test_plan_rules_and_exceptions_reproduce_inputs(gpt_plan):
