@@ -195,8 +195,8 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
     """The standard layouts as rules on any mesh: DP and FSDP over every axis, Megatron over
     every axis, and (with two or more axes) 2-D, Megatron+FSDP and (where the batch holds
     tokens) Megatron+FSDP+SP with the last axis as the model axis and the others as data;
-    spatial partitioning with each spatial position on one axis, in order. Without a batch dim (batch 1) only Megatron and spatial. Rules the dims
-    do not divide are left out."""
+    spatial partitioning with each spatial position on one axis, in order. Without a batch
+    dim (batch 1) only Megatron and spatial. Rules the dims do not divide are left out."""
     axes = tuple(mesh)
     cands: dict[str, list] = {}
     slots = spatial_dims(g)

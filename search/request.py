@@ -452,10 +452,10 @@ class Request:
         """Node ``n``'s strategies by the layout they want input ``pos`` in."""
         by = self._wanted_by.get((n, pos))
         if by is None:
-            by = {}
+            lists: dict[int, list[int]] = {}
             for s, w in enumerate(self.nodes[n].wanted[pos]):
-                by.setdefault(w, []).append(s)  # type: ignore[attr-defined]
-            by = self._wanted_by[(n, pos)] = {w: tuple(v) for w, v in by.items()}
+                lists.setdefault(w, []).append(s)
+            by = self._wanted_by[(n, pos)] = {w: tuple(v) for w, v in lists.items()}
         return by
 
     @property
