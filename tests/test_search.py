@@ -297,6 +297,16 @@ def test_mesh_shapes():
     assert v4 == sorted(v4, key=lambda s: (len(s), s)) and (8,) in v4 and (2, 2, 2) in v4
 
 
+def test_seed_order_puts_balanced_2d_shapes_first():
+    """A short limit seeds only the first shapes: 2-D before 1-D before 3-D, balanced first,
+    the smaller model (last) axis first — 32 x 16 leads on 512 chips."""
+    shapes = mesh_shapes(al.hardware("tpu-v4-1024"))
+    order = [tuple(shapes[i].values()) for i in pl.seed_order(shapes)]
+    assert order[:2] == [(32, 16), (16, 32)]
+    assert [len(s) for s in order] == sorted((len(s) for s in order), key=lambda n: (n != 2, n))
+    assert order.index((512,)) < order.index((8, 8, 8))
+
+
 # --- al.plan --------------------------------------------------------------------------------
 
 
