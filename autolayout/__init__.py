@@ -32,6 +32,7 @@ from ._plan import Plan as Plan
 from ._report import PlanDiff as PlanDiff
 from ._report import diff as diff
 from ._trace import trace as trace
+from ._train import train_workload as train_workload
 from ._workload import Spec as Spec
 from ._workload import Workload as Workload
 from ._workload import load_workload as load_workload

@@ -23,6 +23,7 @@ from ._hardware import Hardware, hardware
 from ._ir import Graph, Tensor, model_named, op_index, per_graph
 from ._plan import Plan
 from ._workload import Workload
+from .cost_models.memory import aliased_outputs
 from .cost_models.sharding import (
     Comm,
     OpCost,
@@ -211,7 +212,7 @@ def price(
     ``reuse=False`` prices every op on its own instead of reusing the cost of an op alike
     (the tests hold the two equal)."""
     from .cost_models.compute import peak_flops
-    from .cost_models.memory import aliased_outputs, liveness_peak
+    from .cost_models.memory import liveness_peak
     from .cost_models.sharding import LOOP_OPS, Machine, free_tensors, fused_ops
 
     m = Machine(hw, mesh)
@@ -501,6 +502,7 @@ def plan_from_costs(
                     "why": x.why,
                 }
             )
+    outputs = output_layouts(workload, g, layouts)
     inputs = [
         {
             "path": g.tensors[t].path,
@@ -518,6 +520,7 @@ def plan_from_costs(
         mesh=dict(mesh),
         rules_=rules,
         inputs=inputs,
+        outputs=outputs,
         layouts=dict(layouts),
         predicted=priced["predicted"],
         ops=ops,
@@ -567,6 +570,15 @@ def donated_inputs(workload: Workload | None, g: Graph) -> list[str]:
     names = workload.argnames
     roots = {names[i] for i in workload.donate_argnums if i < len(names)}
     return [t for t in g.inputs if (g.tensors[t].path or "").split("/", 1)[0] in roots]
+
+
+def output_layouts(workload: Workload | None, g: Graph, layouts: Mapping[str, Any]) -> list:
+    """The layout each step output comes back in, in output order: an output that takes a
+    donated input's buffer (new parameters, new optimizer state) in that input's layout, so
+    a step's outputs are the next step's inputs as they are (the resharding into it is what
+    the cost model charges as the ``alias`` hand-over); any other output as computed."""
+    aliased = aliased_outputs(g, donated_inputs(workload, g))
+    return [layouts[aliased.get(t, t)] for t in g.outputs]
 
 
 def evaluate(

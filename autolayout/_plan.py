@@ -59,6 +59,9 @@ class Plan:
     # op -> {input tensor: layout} where an op reads a tensor in another layout than it has
     reads: dict[str, dict[str, Layout]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    # the layout of each step output (flattened order): a donated input's where it takes one's
+    # buffer, so outputs are the next step's inputs as they are
+    outputs: list[Layout] = field(default_factory=list)
     workload: Any = field(default=None, repr=False, compare=False)
     graph: Any = field(default=None, repr=False, compare=False)
 
@@ -174,6 +177,28 @@ class Plan:
             )
         return jax.tree_util.tree_unflatten(treedef, specs)
 
+    def out_partition_specs(self, workload: Any = None):
+        """A pytree of ``PartitionSpec`` matching the step's outputs (``out_shardings``):
+        new state in its input's layout, so the outputs feed the next step unchanged."""
+        import jax
+
+        wl = workload or self.workload
+        specs = [partition_spec(lay) for lay in self.outputs]
+        if not specs:
+            raise PlanError(
+                f"the plan for {self.model!r} has no output layouts (written by an older "
+                "autolayout): re-run the planner"
+            )
+        if wl is None:
+            return specs
+        tree = jax.tree_util.tree_structure(jax.eval_shape(wl.fn, *wl.args))
+        if tree.num_leaves != len(specs):
+            raise PlanError(
+                f"plan for {self.model!r} has {len(specs)} outputs, workload {wl.name!r} has "
+                f"{tree.num_leaves}"
+            )
+        return jax.tree_util.tree_unflatten(tree, specs)
+
     def __repr__(self) -> str:
         s = self.predicted
         mesh = mesh_text(self.mesh)
@@ -202,6 +227,7 @@ class Plan:
                 }
                 for i in self.inputs
             ],
+            "outputs": [_layout_json(lay) for lay in self.outputs],
             "predicted": self.predicted,
             "collectives": [
                 {
@@ -253,6 +279,7 @@ class Plan:
                     }
                     for i in d["inputs"]
                 ],
+                outputs=[_layout_from(v) for v in d.get("outputs", [])],
                 layouts={t: _layout_from(v) for t, v in d.get("layouts", {}).items()},
                 reads={
                     op: {t: _layout_from(v) for t, v in r.items()}

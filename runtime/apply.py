@@ -190,6 +190,7 @@ def apply(
     arguments (``.lower(*workload.args).compile()``). The plan's mesh must have as many
     devices as ``devices`` (default ``jax.devices()``).
     """
+    from autolayout._evaluate import output_layouts
     from autolayout._trace import trace_with_jaxpr
     from autolayout._workload import path_str
 
@@ -219,8 +220,10 @@ def apply(
         treedef, [interp.sharding(i["layout"]) for i in plan.inputs]
     )
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *wl.args))
+    # new state comes back in its input's layout (the resharding into it is priced), so the
+    # donated buffers are reused and the outputs are the next step's inputs as they are
     out_shardings = jax.tree_util.tree_unflatten(
-        out_tree, [interp.sharding(plan.layouts[t]) for t in graph.outputs]
+        out_tree, [interp.sharding(lay) for lay in output_layouts(wl, graph, plan.layouts)]
     )
     jaxpr, consts = closed.jaxpr, closed.consts
 

@@ -783,10 +783,56 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
 
 
+def canonical(req: Request, choice: list[int], every_node: bool) -> list[int]:
+    """``choice`` with ties broken by a fixed order: a node moves to a strategy of lower
+    position where its own price and its reads' cost neither more compute nor more
+    communication, and the peak memory does not grow. Equal-cost layouts are many (a weight kept
+    whole or split where nothing else changes) and the search, on wall-clock time and
+    several workers, lands on a different one on each run; this makes it one. Input nodes
+    only, unless ``every_node`` (pricing every strategy of every op takes seconds at 96
+    layers)."""
+    reads_of: dict[int, list] = {}
+    for r in req.reads:
+        for n in {r.src, *(n for n, _ in r.readers)}:
+            reads_of.setdefault(n, []).append(r)
+
+    def local(n: int) -> tuple[float, float]:
+        c, m = req.node_cost(n, choice[n])
+        for r in reads_of.get(n, ()):
+            src = r.src_map[choice[r.src]]
+            for w in {mp[choice[k]] for k, mp in r.readers}:
+                m += r.count * req.read_cost(r, src, w)
+        return c, m
+
+    choice = list(choice)
+    peak = memory_peak(req, choice)[0]
+    for n, node in enumerate(req.nodes):
+        if not every_node and node.kind != "input":
+            continue
+        now = choice[n]
+        c0, m0 = local(n)
+        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
+        for s in sorted(req.allowed(n)):
+            if s >= now:
+                break
+            choice[n] = s
+            c, m = local(n)
+            if c <= c0 + tol_c and m <= m0 + tol_m:
+                p = memory_peak(req, choice)[0]
+                if p <= peak:
+                    peak = p
+                    break
+            choice[n] = now
+    return choice
+
+
 def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace,
              st: Structure, check_hand: bool = True):  # fmt: skip
     req = win.request
-    choice = win.best.choice
+    choice = canonical(req, win.best.choice, True)
+    if choice != win.best.choice:
+        mem = memory_peak(req, choice)[0]
+        win.best = Candidate(choice, req.objective(choice), mem, win.best.source)
     names = _axis_names(g, req, choice)
     layouts, assigns = req.layouts_of(choice, names), req.assigns_of(choice, names)
     mesh = {names[a]: n for a, n in win.mesh.items()}

@@ -29,7 +29,7 @@ F32 = {
     "t5": {"layers": 1},
     "unet3d": {"batch": 8},
 }
-STEPS = 2
+STEPS = 3
 
 
 @pytest.mark.parametrize("model", sorted(F32))
@@ -44,6 +44,37 @@ def test_sharded_losses_equal_the_unsharded_run(model):
         got = run(p, wl, steps=STEPS).losses
         for a, b in zip(got, ref, strict=True):
             assert abs(a - b) <= 1e-5 * abs(b), (model, name, got, ref)
+
+
+@pytest.mark.parametrize("model", sorted(F32))
+def test_searched_plan_runs_with_the_unsharded_losses(model):
+    """The planner's own plan (not only the rule layouts): its new state comes back in the
+    inputs' layouts, so step 2 onwards takes step 1's outputs (a donation warning is an
+    error in this suite)."""
+    wl = load_model(model, **F32[model])
+    p = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True)
+    got = run(p, wl, steps=STEPS).losses
+    assert got == pytest.approx(reference_losses(wl, steps=STEPS), rel=1e-5), (model, p)
+
+
+def test_plan_with_exceptions_runs_and_is_the_same_on_every_run():
+    """A user's transformer (float32, AdamW, no dim names) whose plan keeps some weights
+    whole while their updates are computed split ("exceptions to the rules"): the update is
+    gathered back into the stored layout, as priced, so 5 steps run with the unsharded
+    losses and the compiled all-gathers are the predicted ones. Its equal-cost layouts are
+    many; three runs of the same wall-clock request give one plan."""
+    wl = al.load_workload(ROOT / "experiments/models/my_transformer.py", layers=2)
+    plans = [al.plan(wl, "cpu-8", time_limit_s=20) for _ in range(3)]
+    p = plans[0]
+    assert p.solver["exceptions"], p.solver
+    for q in plans[1:]:
+        assert q.layouts == p.layouts and q.mesh == p.mesh
+    assert p.outputs and len(p.outputs) == len(p.graph.outputs)
+    got = run(p, wl, steps=5).losses
+    assert got == pytest.approx(reference_losses(wl, steps=5), rel=1e-5)
+    v = al.validate(p).set_index("quantity")
+    assert abs(v.loc["all-gather", "ratio"] - 1) <= 0.01, v
+    assert v.loc["all-gather", "predicted_count"] == v.loc["all-gather", "compiled_count"], v
 
 
 def test_run_cli_prints_losses_and_measured_against_predicted(tmp_path):

@@ -1,4 +1,4 @@
-"""Layers and the optax train step shared by the example models (imported from the model
+"""Layers shared by the example models (imported from the model
 files, whose folder is on sys.path while autolayout loads them)."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 import autolayout as al
 
@@ -109,103 +107,3 @@ def remat(fn: Callable, policy: str) -> Callable:
 def stack(layer: dict, n: int) -> dict:
     """A layer's specs with a leading ``layers`` dim, for ``lax.scan``."""
     return jax.tree.map(lambda s: al.spec((n, *s.shape), ("layers", *s.dims), s.dtype), layer)
-
-
-def init_params(specs: Any, rng: np.random.Generator, scale: float = 0.02) -> Any:
-    """Real arrays for a pytree of specs: ones for 1-D scales, scaled normals elsewhere
-    (numpy on the host: no per-shape compile, so tiny models start in milliseconds)."""
-
-    def one(s):
-        if _is_scale(s):
-            return jnp.ones(s.shape, s.dtype)
-        return jnp.asarray(scale * rng.standard_normal(s.shape, np.float32), s.dtype)
-
-    return jax.tree.map(one, specs)
-
-
-def _is_scale(s) -> bool:
-    return len(s.shape) == 1 or (len(s.shape) == 2 and s.dims[0] == "layers")  # norm scales
-
-
-def init_params_jax(specs: Any, key: jax.Array, scale: float = 0.02) -> Any:
-    """``init_params`` on the devices, jittable: ``jax.jit(..., out_shardings=...)`` makes
-    each device's shard where it lives (nothing is built whole first).
-
-    The normals come from a counter hash of (seed, leaf, element index) — elementwise over an
-    iota, so every sharding gives the same numbers and XLA compiles it in milliseconds
-    (threefry takes 5-15 s to compile per sharding on the CPU)."""
-    seed = jax.random.key_data(key).ravel()[-1].astype(jnp.uint32)
-    leaves, treedef = jax.tree.flatten(specs)
-    out = [
-        jnp.ones(s.shape, s.dtype)
-        if _is_scale(s)
-        else (scale * hash_normal(s.shape, seed, k)).astype(s.dtype)
-        for k, s in enumerate(leaves)
-    ]
-    return jax.tree.unflatten(treedef, out)
-
-
-def _mix(x: jax.Array) -> jax.Array:
-    """A 32-bit integer hash (murmur3's finaliser)."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def hash_normal(shape: tuple[int, ...], seed: jax.Array, stream: int) -> jax.Array:
-    """Standard normals (Box-Muller over two hashed uniforms) of the element indices."""
-    idx = jnp.zeros(shape, jnp.uint32)
-    stride = 1
-    for ax in range(len(shape) - 1, -1, -1):
-        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, ax) * jnp.uint32(stride % 2**32)
-        stride *= shape[ax]
-    base = _mix(seed * jnp.uint32(0x9E3779B1) + jnp.uint32(stream * 0x632BE5AB % 2**32))
-    u1 = (_mix(idx * jnp.uint32(2) + base) >> 8).astype(jnp.float32) / 2**24
-    u2 = (_mix(idx * jnp.uint32(2) + jnp.uint32(1) + base) >> 8).astype(jnp.float32) / 2**24
-    return jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * jnp.pi * u2)
-
-
-def train_workload(
-    loss_fn: Callable[[Any, Any], jax.Array],
-    params: Any,
-    batch: Any,
-    make_batch: Callable[[np.random.Generator], Any],
-    *,
-    name: str,
-    options: dict,
-    learning_rate: float = 1e-3,
-) -> al.Workload:
-    """A whole train step ``(params, opt_state, batch) -> (params, opt_state, loss)`` with Adam."""
-    opt = optax.adam(learning_rate)
-
-    def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    opt_state = jax.eval_shape(opt.init, params)
-
-    def init(seed: int = 0):
-        rng = np.random.default_rng(seed)
-        real = init_params(params, rng)
-        return real, opt.init(real), make_batch(rng)
-
-    def init_state(key):  # the donated arguments, jittable
-        real = init_params_jax(params, key)
-        return real, opt.init(real)
-
-    def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
-        return (make_batch(np.random.default_rng([seed, step])),)
-
-    return al.Workload(
-        train_step,
-        (params, opt_state, batch),
-        donate_argnums=(0, 1),
-        name=name,
-        init=init,
-        init_state=init_state,
-        batches=batches,
-        options=options,
-    )

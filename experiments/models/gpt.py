@@ -15,6 +15,7 @@ import _blocks as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 
 import autolayout as al
@@ -97,6 +98,6 @@ def workload(
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name, **c)
-    return nn.train_workload(
-        loss_fn, params, batch, make_batch, name=f"gpt-{size}", options=options
+    return al.train_workload(
+        loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"gpt-{size}", options=options
     )

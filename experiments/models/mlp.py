@@ -9,6 +9,7 @@ import _blocks as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import autolayout as al
 
@@ -52,4 +53,6 @@ def workload(
         }
 
     options = dict(batch=batch, d_in=d_in, hidden=hidden, d_out=d_out, layers=layers, dtype=dtype)
-    return nn.train_workload(loss_fn, params, data, make_batch, name="mlp", options=options)
+    return al.train_workload(
+        loss_fn, optax.adam(1e-3), params, data, make_batch, name="mlp", options=options
+    )

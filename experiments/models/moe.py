@@ -17,6 +17,7 @@ import _blocks as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import autolayout as al
 
@@ -113,6 +114,6 @@ def workload(
     options = dict(
         size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity, **c
     )
-    return nn.train_workload(
-        loss_fn, params, batch, make_batch, name=f"moe-{size}", options=options
+    return al.train_workload(
+        loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"moe-{size}", options=options
     )

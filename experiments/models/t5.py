@@ -12,6 +12,7 @@ import _blocks as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import autolayout as al
 
@@ -76,4 +77,6 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
         return {"inputs": inputs, "targets_in": tgt[:, :-1], "targets": tgt[:, 1:]}
 
     options = dict(size=size, dtype=jnp.dtype(dt).name, **c)
-    return nn.train_workload(loss_fn, params, batch, make_batch, name=f"t5-{size}", options=options)
+    return al.train_workload(
+        loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"t5-{size}", options=options
+    )

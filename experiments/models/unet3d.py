@@ -15,6 +15,7 @@ import _blocks as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 
 import autolayout as al
@@ -105,6 +106,6 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
         }
 
     options = dict(size=size, dtype=dtype, **c)
-    return nn.train_workload(
-        loss_fn, params, batch, make_batch, name=f"unet3d-{size}", options=options
+    return al.train_workload(
+        loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"unet3d-{size}", options=options
     )

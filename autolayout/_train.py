@@ -1,0 +1,190 @@
+"""``al.train_workload``: a loss, an optax optimizer and the argument shapes as a whole,
+runnable train step (what ``autolayout plan`` prices and ``autolayout run`` runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ._errors import WorkloadError
+from ._workload import Workload
+
+
+def train_workload(
+    loss_fn: Callable[[Any, Any], jax.Array],
+    optimizer: Any,
+    params: Any,
+    batch: Any,
+    make_batch: Callable[[np.random.Generator], Any],
+    *,
+    name: str = "",
+    options: dict | None = None,
+) -> Workload:
+    """A whole train step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> scalar loss``.
+      optimizer: an optax ``GradientTransformation`` (``optax.adamw(3e-4)``).
+      params: the parameters' shapes, a pytree of ``al.spec`` / ``jax.ShapeDtypeStruct``
+        (initialised as scaled normals, 1-D scales as ones), or your own jittable
+        ``init(key) -> params`` (its shapes are read with ``jax.eval_shape``).
+      batch: one batch's shapes, a pytree of ``al.spec`` / ``jax.ShapeDtypeStruct``.
+      make_batch: ``make_batch(rng) -> one batch`` of host (numpy) arrays of those shapes,
+        from a ``numpy.random.Generator`` (``autolayout run`` seeds it per step).
+      name: shown in reports.
+      options: what the model file's ``workload()`` was called with.
+
+    The parameters and the optimizer state are donated (the step updates them in place);
+    ``init_state(key)`` builds them where they live, ``batches(step, seed)`` feeds the rest.
+
+    Example:
+      >>> import autolayout as al, jax, jax.numpy as jnp, numpy as np, optax
+      >>> wl = al.train_workload(
+      ...     lambda p, b: jnp.mean((b["x"] @ p["w"] - b["y"]) ** 2),
+      ...     optax.adamw(1e-3),
+      ...     {"w": jax.ShapeDtypeStruct((16, 4), jnp.float32)},
+      ...     {"x": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+      ...      "y": jax.ShapeDtypeStruct((8, 4), jnp.float32)},
+      ...     lambda rng: {"x": rng.standard_normal((8, 16), np.float32),
+      ...                  "y": rng.standard_normal((8, 4), np.float32)},
+      ... )
+      >>> wl.donate_argnums, len(wl.batches(0, 0))
+      ((0, 1), 1)
+    """
+    if not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
+        raise WorkloadError(
+            f"train_workload: optimizer must be an optax GradientTransformation (with init and "
+            f"update), got {type(optimizer).__name__}"
+        )
+    if callable(params):
+        user_init = params
+        try:
+            params = jax.eval_shape(user_init, jax.random.key(0))
+        except Exception as e:
+            raise WorkloadError(
+                f"train_workload: init(key) failed under jax.eval_shape: {type(e).__name__}: {e}"
+            ) from e
+
+        def init_params(key):
+            return user_init(key)
+
+        def host_params(rng: np.random.Generator):
+            return jax.jit(user_init)(jax.random.key(int(rng.integers(2**31))))
+    else:
+
+        def init_params(key):
+            return init_from_specs(params, key)
+
+        def host_params(rng: np.random.Generator):
+            return init_from_specs_host(params, rng)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = jax.eval_shape(optimizer.init, params)
+
+    def init(seed: int = 0):  # real arguments, on the host
+        rng = np.random.default_rng(seed)
+        real = host_params(rng)
+        return real, optimizer.init(real), _checked(make_batch(rng), batch)
+
+    def init_state(key):  # the donated arguments, jittable
+        real = init_params(key)
+        return real, optimizer.init(real)
+
+    def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
+        return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
+
+    return Workload(
+        train_step,
+        (params, opt_state, batch),
+        donate_argnums=(0, 1),
+        name=name or getattr(loss_fn, "__name__", "train_step"),
+        init=init,
+        init_state=init_state,
+        batches=batches,
+        options=options,
+    )
+
+
+def _checked(made: Any, specs: Any) -> Any:
+    """``made``, or a one-line error where ``make_batch`` returns other shapes than the batch
+    specs say."""
+    got = jax.tree_util.tree_flatten_with_path(made)[0]
+    want = jax.tree.leaves(specs)
+    if len(got) != len(want):
+        raise WorkloadError(
+            f"train_workload: make_batch returned {len(got)} arrays, the batch specs have "
+            f"{len(want)}"
+        )
+    for (path, x), s in zip(got, want, strict=True):
+        if tuple(np.shape(x)) != tuple(s.shape):
+            raise WorkloadError(
+                f"train_workload: make_batch's {jax.tree_util.keystr(path)} has shape "
+                f"{tuple(np.shape(x))}, the batch spec says {tuple(s.shape)}"
+            )
+    return made
+
+
+def _is_scale(s: Any) -> bool:
+    dims = getattr(s, "dims", ())
+    return len(s.shape) == 1 or (len(s.shape) == 2 and bool(dims) and dims[0] == "layers")
+
+
+def init_from_specs_host(specs: Any, rng: np.random.Generator, scale: float = 0.02) -> Any:
+    """Real arrays for a pytree of specs, on the host: ones for 1-D scales, scaled normals
+    elsewhere (numpy: no per-shape compile, so tiny models start in milliseconds)."""
+
+    def one(s):
+        if _is_scale(s):
+            return jnp.ones(s.shape, s.dtype)
+        return jnp.asarray(scale * rng.standard_normal(s.shape, np.float32), s.dtype)
+
+    return jax.tree.map(one, specs)
+
+
+def init_from_specs(specs: Any, key: jax.Array, scale: float = 0.02) -> Any:
+    """``init_from_specs_host`` on the devices, jittable: ``jax.jit(..., out_shardings=...)``
+    makes each device's shard where it lives (nothing is built whole first).
+
+    The normals come from a counter hash of (seed, leaf, element index) — elementwise over an
+    iota, so every sharding gives the same numbers and XLA compiles it in milliseconds
+    (threefry takes 5-15 s to compile per sharding on the CPU)."""
+    seed = jax.random.key_data(key).ravel()[-1].astype(jnp.uint32)
+    leaves, treedef = jax.tree.flatten(specs)
+    out = [
+        jnp.ones(s.shape, s.dtype)
+        if _is_scale(s)
+        else (scale * _hash_normal(s.shape, seed, k)).astype(s.dtype)
+        for k, s in enumerate(leaves)
+    ]
+    return jax.tree.unflatten(treedef, out)
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    """A 32-bit integer hash (murmur3's finaliser)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _hash_normal(shape: tuple[int, ...], seed: jax.Array, stream: int) -> jax.Array:
+    """Standard normals (Box-Muller over two hashed uniforms) of the element indices."""
+    idx = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for ax in range(len(shape) - 1, -1, -1):
+        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, ax) * jnp.uint32(stride % 2**32)
+        stride *= shape[ax]
+    base = _mix(seed * jnp.uint32(0x9E3779B1) + jnp.uint32(stream * 0x632BE5AB % 2**32))
+    u1 = (_mix(idx * jnp.uint32(2) + base) >> 8).astype(jnp.float32) / 2**24
+    u2 = (_mix(idx * jnp.uint32(2) + jnp.uint32(1) + base) >> 8).astype(jnp.float32) / 2**24
+    return jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * jnp.pi * u2)
