@@ -53,6 +53,19 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:  # a bug of ours or of a library: one line, not a traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            text = " ".join(str(e).split())
+            text = text if len(text) <= 300 else text[:300] + " ..."
+            click.echo(
+                f"error: {type(e).__name__}: {text} (an unexpected failure: `autolayout --debug "
+                "...` shows the traceback, worth a bug report)",
+                err=True,
+            )
+            sys.exit(3)
 
 
 @click.group(cls=_Group)
@@ -407,10 +420,14 @@ def diff_cmd(plan_a, plan_b, top) -> None:
               help="HOST:PORT of process 0, for a multi-process run (jax.distributed).")  # fmt: skip
 @click.option("--num-processes", type=int, envvar="JAX_NUM_PROCESSES", help="Processes in all.")
 @click.option("--process-id", type=int, envvar="JAX_PROCESS_ID", help="This process's index.")
+@click.option("--join-timeout", default=120.0, show_default=True,
+              help="Seconds a process waits for the others of a multi-process run.")  # fmt: skip
+@click.option("--force", is_flag=True,
+              help="Run a plan that is INFEASIBLE or predicted not to fit in memory here.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write losses and times (JSON).")
 @_set_option
 def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_processes,
-            process_id, out, sets) -> None:  # fmt: skip
+            process_id, join_timeout, force, out, sets) -> None:  # fmt: skip
     """Train MODEL.py laid out as PLAN for N steps: per-step loss and time, then measured
     against predicted step time."""
     import json
@@ -432,9 +449,8 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     if coordinator:
         from .runtime.run import init_distributed
 
-        init_distributed(coordinator, num_processes, process_id)  # CPU devices: set above
-    options = {**plan.options, **parse_sets(sets)}
-    wl = _workload_for_plan(model, plan, plan_path, options)
+        init_distributed(coordinator, num_processes, process_id, timeout_s=join_timeout)
+    wl = _workload_for_plan(model, plan, plan_path, parse_sets(sets))
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -444,7 +460,8 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     n = len(jax.devices())
     click.echo(
         f"{tag}{plan.model}: mesh {mesh_text(plan.mesh)} "
-        f"on {n} devices ({jax.process_count()} processes, {jax.default_backend()})"
+        f"on {n} devices ({jax.process_count()} process{'es' if jax.process_count() > 1 else ''}, "
+        f"{jax.default_backend()})"
     )
     bar = Progress("steps", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)  # fmt: skip
@@ -455,7 +472,8 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
             bar.update(task, completed=i + 1)
             click.echo(f"{tag}step {i + 1}: loss {loss:.6f}  {dt * 1e3:.1f} ms")
 
-        res = run(plan, wl, steps=steps, seed=seed, rescale_mesh=rescale, on_step=on_step)
+        res = run(plan, wl, steps=steps, seed=seed, rescale_mesh=rescale, on_step=on_step,
+                  force=force)  # fmt: skip
     for note in res.notes:
         click.echo(f"{tag}note: {note}")
     pred = (f"predicted {res.predicted_s * 1e3:.2f} ms on {res.local_hw}"
@@ -463,8 +481,9 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     ratio = (
         f" (measured/predicted {res.measured_s / res.predicted_s:.2f})" if res.predicted_s else ""
     )
+    which = f"median of steps 2-{steps}" if steps > 2 else "step 2" if steps == 2 else "step 1"
     click.echo(
-        f"{tag}measured {res.measured_s * 1e3:.2f} ms per step (median of steps 2-{steps}), "
+        f"{tag}measured {res.measured_s * 1e3:.2f} ms per step ({which}), "
         f"{pred}{ratio}; compile {res.compile_s:.1f} s"
     )
     if out:
@@ -473,9 +492,20 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
         Path(out).write_text(json.dumps(res.to_dict(), indent=1))
 
 
-def _workload_for_plan(model: str, plan, plan_path: str, options: dict):
+def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
+    """The workload the plan was made for: the plan's options; a ``--set`` that says
+    otherwise is refused (the plan would run a model it was not made for)."""
     from ._errors import ModelFileError, PlanError
 
+    other = {k: v for k, v in sets.items() if k not in plan.options or plan.options[k] != v}
+    if other:
+        k, v = next(iter(other.items()))
+        was = f"{k}={plan.options[k]!r}" if k in plan.options else f"no {k!r} option"
+        raise PlanError(
+            f"{plan_path} was made with {was}, not --set {k}={v}: plan that model first "
+            f"(autolayout plan {model} --set {k}={v} ...)"
+        )
+    options = dict(plan.options)
     try:
         return load_workload(model, **options)
     except ModelFileError as e:
@@ -502,8 +532,7 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
     flag = f"--xla_force_host_platform_device_count={n}"
     if flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    options = {**plan.options, **parse_sets(sets)}
-    wl = _workload_for_plan(model, plan, plan_path, options)
+    wl = _workload_for_plan(model, plan, plan_path, parse_sets(sets))
     import jax
 
     from .runtime import validate
@@ -516,6 +545,8 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
         click.echo(
             f"{r.quantity:<20} {r.predicted:>14.6g} {r.compiled:>14.6g} {r.ratio:>8.3f}  {mark}"
         )
+    for r in v[v["note"] != ""].itertuples():
+        click.echo(f"  {r.quantity}: {r.note}")
     bad = v[v["checked"] & ~v["ok"]]
     if len(bad):
         click.echo(

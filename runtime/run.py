@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autolayout._errors import MeshError, WorkloadError
+from autolayout._errors import MeshError, PlanError, WorkloadError
 from autolayout._plan import Plan, mesh_text
 from autolayout._workload import Workload, path_str
 
@@ -61,17 +61,87 @@ class RunResult:
 
 
 def init_distributed(
-    coordinator: str, num_processes: int, process_id: int, local_devices: int | None = None
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    local_devices: int | None = None,
+    timeout_s: float = 120.0,
 ) -> None:
     """``jax.distributed.initialize`` for a multi-process run; on CPUs, ``local_devices``
-    fake devices per process and collectives through gloo."""
+    fake devices per process and collectives through gloo.
+
+    When the other processes do not join within ``timeout_s``, the process says so in one
+    line on stderr and exits with status 2: JAX's own time-out aborts the whole process from
+    C++ (a stack trace, no message a user can act on), so a timer ends it first."""
+    import os
+    import sys
+    import threading
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU backends only
     if local_devices is not None:
         try:
             jax.config.update("jax_num_cpu_devices", int(local_devices))
         except RuntimeError:
             pass  # set already, before jax started
-    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+
+    def give_up() -> None:
+        who = "the other processes" if process_id == 0 else f"the coordinator at {coordinator}"
+        print(
+            f"error: process {process_id} of {num_processes}: {who} did not join within "
+            f"{timeout_s:g} s; start every process with the same --coordinator and "
+            f"--num-processes (each its own --process-id), or wait longer with --join-timeout",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(2)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        jax.distributed.initialize(
+            coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=int(timeout_s) + 60,  # ours fires first
+        )
+    finally:
+        timer.cancel()
+
+
+def device_memory_bytes(devices: Sequence[Any]) -> float | None:
+    """What one of these devices can hold: the runtime's own limit where it reports one
+    (GPUs, TPUs), else the local hardware profile's HBM x headroom (CPUs)."""
+    from autolayout._hardware import hardware
+
+    try:
+        stats = devices[0].memory_stats() or {}
+    except Exception:  # backends without memory statistics
+        stats = {}
+    if stats.get("bytes_limit"):
+        return float(stats["bytes_limit"])
+    local = local_profile(devices)
+    return float(hardware(local).hbm_limit_bytes) if local else None
+
+
+def check_runnable(plan: Plan, devices: Sequence[Any]) -> None:
+    """Refuses a plan that cannot work here, in one line: INFEASIBLE, or predicted to need
+    more memory per device than these devices have."""
+    gib = 2**30
+    need = plan.predicted.get("memory_bytes_per_device", 0.0)
+    if plan.status == "INFEASIBLE":
+        raise PlanError(
+            f"the plan for {plan.model!r} is INFEASIBLE on {plan.hardware}: it needs "
+            f"{need / gib:.2f} GiB per device of {plan.predicted.get('memory_limit_bytes', 0) / gib:.2f}"
+            " GiB; plan for more devices or a smaller batch, or pass --force to try anyway"
+        )
+    have = device_memory_bytes(devices)
+    if have is not None and need > have:
+        raise PlanError(
+            f"the plan for {plan.model!r} is predicted to need {need / gib:.2f} GiB per device "
+            f"and the devices here hold {have / gib:.2f} GiB; plan for these devices, or pass "
+            "--force to try anyway"
+        )
 
 
 def rescale(plan: Plan, n: int) -> tuple[dict[str, int], str]:
@@ -150,9 +220,11 @@ def run(
     seed: int = 0,
     rescale_mesh: bool = False,
     on_step: Callable[[int, float, float], None] | None = None,
+    force: bool = False,
 ) -> RunResult:
     """Runs ``steps`` steps of ``workload`` laid out as ``plan`` on ``devices`` (default:
-    every device of every process)."""
+    every device of every process). A plan that is INFEASIBLE or predicted not to fit in
+    the devices' memory is refused (:class:`PlanError`) unless ``force``."""
     from jax.sharding import NamedSharding
 
     from autolayout._evaluate import evaluate
@@ -190,6 +262,8 @@ def run(
         if local is None:
             raise MeshError("--rescale needs a hardware profile for these devices; none ships")
         plan = evaluate(workload, hardware(local), mesh=mesh, rules=plan.rules(), graph=graph())
+    if not force:
+        check_runnable(plan, devices)
     step_fn = apply(plan, workload.fn, devices, workload=workload)
     mesh = make_mesh(plan, devices)
     shardings = [NamedSharding(mesh, partition_spec(i["layout"])) for i in plan.inputs]

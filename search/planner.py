@@ -783,14 +783,13 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
 
 
-def canonical(req: Request, choice: list[int], every_node: bool) -> list[int]:
+def canonical(req: Request, choice: list[int]) -> list[int]:
     """``choice`` with ties broken by a fixed order: a node moves to a strategy of lower
     position where its own price and its reads' cost neither more compute nor more
     communication, and the peak memory does not grow. Equal-cost layouts are many (a weight kept
     whole or split where nothing else changes) and the search, on wall-clock time and
-    several workers, lands on a different one on each run; this makes it one. Input nodes
-    only, unless ``every_node`` (pricing every strategy of every op takes seconds at 96
-    layers)."""
+    several workers, lands on a different one on each run; this makes it one where the
+    search ends inside its limits (where a limit binds, ``deterministic=True`` does)."""
     reads_of: dict[int, list] = {}
     for r in req.reads:
         for n in {r.src, *(n for n, _ in r.readers)}:
@@ -806,9 +805,7 @@ def canonical(req: Request, choice: list[int], every_node: bool) -> list[int]:
 
     choice = list(choice)
     peak = memory_peak(req, choice)[0]
-    for n, node in enumerate(req.nodes):
-        if not every_node and node.kind != "input":
-            continue
+    for n in range(len(req.nodes)):
         now = choice[n]
         c0, m0 = local(n)
         tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
@@ -829,7 +826,9 @@ def canonical(req: Request, choice: list[int], every_node: bool) -> list[int]:
 def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace,
              st: Structure, check_hand: bool = True):  # fmt: skip
     req = win.request
-    choice = canonical(req, win.best.choice, True)
+    choice = win.best.choice
+    if win.best.source == "ilp" and status != "INFEASIBLE":  # seeds are canonical as written
+        choice = canonical(req, choice)
     if choice != win.best.choice:
         mem = memory_peak(req, choice)[0]
         win.best = Candidate(choice, req.objective(choice), mem, win.best.source)

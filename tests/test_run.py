@@ -63,8 +63,10 @@ def test_plan_with_exceptions_runs_and_is_the_same_on_every_run():
     gathered back into the stored layout, as priced, so 5 steps run with the unsharded
     losses and the compiled all-gathers are the predicted ones. Its equal-cost layouts are
     many; three runs of the same wall-clock request give one plan."""
-    wl = al.load_workload(ROOT / "experiments/models/my_transformer.py", layers=2)
-    plans = [al.plan(wl, "cpu-8", time_limit_s=20) for _ in range(3)]
+    wl = al.load_workload(
+        ROOT / "experiments/models/my_transformer.py", layers=2, d_model=256, d_ff=1024
+    )
+    plans = [al.plan(wl, "cpu-8", time_limit_s=40) for _ in range(3)]  # ends in ~10 s
     p = plans[0]
     assert p.solver["exceptions"], p.solver
     for q in plans[1:]:
@@ -115,8 +117,21 @@ def test_run_refuses_bad_input(tmp_path):
     bad.write_text(plan.read_text()[:200])
     r = run_cli(bad)
     assert r.exit_code == 2 and "corrupted plan file" in r.output
-    r = run_cli(plan, "--set", "d_model=128")  # another size: the argument shapes differ
-    assert r.exit_code == 2 and "another model" in r.output
+    r = run_cli(plan, "--set", "d_model=128")  # another size than the plan's
+    assert r.exit_code == 2 and "made with d_model=64, not --set d_model=128" in r.output
+    r = run_cli(plan, "--set", "size=gpt3-small")  # it used to run the tiny model silently
+    assert r.exit_code == 2 and "made with size='tiny', not --set size=gpt3-small" in r.output
+    assert run_cli(plan, "--set", "d_model=64").exit_code == 0  # restating the plan's is fine
+    infeasible = tmp_path / "infeasible.json"
+    infeasible.write_text(json.dumps({**d, "status": "INFEASIBLE"}))
+    r = run_cli(infeasible)
+    assert r.exit_code == 2 and "INFEASIBLE" in r.output and "--force" in r.output
+    assert run_cli(infeasible, "--force").exit_code == 0
+    huge = tmp_path / "huge.json"
+    over = {**d["predicted"], "memory_bytes_per_device": 50 * 2**30}
+    huge.write_text(json.dumps({**d, "predicted": over}))
+    r = run_cli(huge)
+    assert r.exit_code == 2 and "50.00 GiB per device" in r.output and "3.60 GiB" in r.output
     r = CliRunner().invoke(main, ["run", str(MODELS / "mlp.py"), "--plan", str(plan)])
     assert r.exit_code == 2 and "another model" in r.output
     big = tmp_path / "big.json"
@@ -126,6 +141,24 @@ def test_run_refuses_bad_input(tmp_path):
     r = run_cli(big, "--rescale")
     assert r.exit_code == 0, r.output
     assert "rescaled the mesh data=16 (16 devices) to data=8 (8 devices)" in r.output
+
+
+def test_a_lone_process_stops_with_a_message(tmp_path):
+    """One process of two, whose peer never comes: a one-line error after --join-timeout,
+    exit 2 (JAX's own time-out aborts from C++ with a stack trace)."""
+    plan = tmp_path / "plan.json"
+    p = al.evaluate(load_model("gpt"), "cpu-8", mesh={"data": 8}, rules={"batch": "data"})
+    p.to_json(plan)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run(
+        [sys.executable, "-m", "autolayout._cli", "run", str(MODELS / "gpt.py"), "--plan",
+         str(plan), "--devices", "4", "--coordinator", f"127.0.0.1:{_free_port()}",
+         "--num-processes", "2", "--process-id", "1", "--join-timeout", "2"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "process 1 of 2: the coordinator at 127.0.0.1:" in r.stderr
+    assert "did not join within 2 s" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_rescale_shrinks_the_largest_axes_first():

@@ -158,3 +158,42 @@ def test_a_unet_plan_at_batch_1_compiles_as_predicted():
     v = _checked_ok(plan)
     assert "collective-permute" in v.index, v
     assert abs(v.loc["collective-permute", "ratio"] - 1) <= 0.10, v
+
+
+@pytest.mark.parametrize("hw", ["cpu-8", "tpu-v5e-8"])
+def test_validate_cli_on_bfloat16_plans_compares_like_with_like(tmp_path, hw):
+    """The bfloat16 GPT's plans, one for the CPU and one for a TPU compiled on 8 CPU devices:
+    XLA:CPU moves 16-bit all-gathers and all-reduces as float32, has no reduce-scatter and
+    adds converts; validate says which correction it applied and exits 0. A prediction made
+    really off (one collective's bytes doubled in the plan file) exits 1."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autolayout._cli import main
+    from conftest import MODELS
+
+    gpt = str(MODELS / "gpt.py")
+    plan = tmp_path / "plan.json"
+    args = ["--set", "dtype=bfloat16", "--out", str(plan)]
+    r = CliRunner().invoke(main, ["evaluate", gpt, "--hw", hw, "--layout", "fsdp", *args])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["validate", gpt, "--plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    assert "convert FLOPs" in r.output
+    if hw != "cpu-8":
+        assert "reduction" in r.output and "predicted bytes x2" in r.output, r.output
+    searched = tmp_path / "searched.json"
+    r = CliRunner().invoke(main, ["plan", gpt, "--hw", hw, "--time-limit", "3", "--deterministic",
+                                  "--set", "dtype=bfloat16", "--out", str(searched)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["validate", gpt, "--plan", str(searched)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(plan.read_text())
+    gathers = [c for c in d["collectives"] if c["kind"] == "all-gather"]
+    for c in gathers:
+        c["bytes_per_device"] *= 2
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps(d))
+    r = CliRunner().invoke(main, ["validate", gpt, "--plan", str(off)])
+    assert r.exit_code == 1 and "all-gather" in r.output and "OFF" in r.output, r.output
