@@ -44,6 +44,15 @@ _set_option = click.option(
 )
 
 
+_HW_HELP = "Hardware: a name (tpu-v4-256, h100-64, cpu-8) or a profile file (mine.toml)."
+_devices_option = click.option(
+    "--devices",
+    "hw_devices",
+    type=int,
+    help="The device count, where --hw does not give one (a profile file without devices = N).",
+)
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -80,9 +89,16 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command("hw")
 @click.argument("name", required=False)
 def hw_cmd(name: str | None) -> None:
-    """List hardware profiles, or show one slice/cluster (e.g. tpu-v4-256, h100-64)."""
+    """List hardware profiles, or show one slice/cluster (e.g. tpu-v4-256, h100-64) with
+    the source of each figure."""
     if name:
-        click.echo(hardware(name).describe())
+        from ._hardware import profile_sources
+
+        hw = hardware(name)
+        click.echo(hw.describe())
+        click.echo("sources (docs/hardware-facts.md collects them):")
+        for key, source in profile_sources(hw):
+            click.echo(f"  {key:<26} {source}")
         return
     click.echo(f"{'family':<14} {'kind':<5} {'bf16 FLOP/s':>12} {'HBM GiB':>8}  example")
     for fam in list_profiles():
@@ -170,7 +186,8 @@ def _summary_lines(plan) -> list[str]:
 
 @main.command("evaluate")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--hw", "hw_name", required=True, help="Hardware, e.g. tpu-v4-256, h100-64, cpu-8.")
+@click.option("--hw", "hw_name", required=True, help=_HW_HELP)
+@_devices_option
 @click.option("--mesh", "mesh_text", help="Mesh axes, e.g. data=16,model=8.")
 @click.option(
     "--rules",
@@ -183,12 +200,12 @@ def _summary_lines(plan) -> list[str]:
 )
 @_set_option
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
-def evaluate_cmd(model, hw_name, mesh_text, rules_text, layout, sets, out) -> None:
+def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
     from ._evaluate import evaluate
 
     wl = load_workload(model, **parse_sets(sets))
-    hw = hardware(hw_name)
+    hw = hardware(hw_name, hw_devices)
     g = trace(wl)
     if layout:
         from .search.baselines import standard_layout
@@ -259,7 +276,8 @@ def _plan_options(f):
         help="Seconds for the search.",
     )(f)
     f = _set_option(f)
-    f = click.option("--hw", "hw_name", required=True, help="Hardware, e.g. tpu-v4-256.")(f)
+    f = _devices_option(f)
+    f = click.option("--hw", "hw_name", required=True, help=_HW_HELP)(f)
     return click.argument("model", type=click.Path(dir_okay=False))(f)
 
 
@@ -273,13 +291,13 @@ def _plan_options(f):
 @click.option("--deterministic", is_flag=True,
               help="The same plan on every run: the time limit counts solver work, not seconds.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
-def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objective, deterministic,
-             out) -> None:  # fmt: skip
+def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
+             deterministic, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
     from .search.planner import plan
 
     wl = load_workload(model, **parse_sets(sets))
-    hw = hardware(hw_name)
+    hw = hardware(hw_name, hw_devices)
     mesh = _mesh(mesh_text) if mesh_text else None
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
@@ -319,14 +337,15 @@ def plan_cmd(model, hw_name, sets, time_limit, mesh_text, memory_limit, objectiv
 
 @main.command("compare")
 @_plan_options
-def compare_cmd(model, hw_name, sets, time_limit) -> None:
+def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
     """One table: the planner's layout beside DP, FSDP, Megatron, 2-D, Megatron+FSDP and
     (for convolutions) spatial partitioning."""
     from .search.planner import compare
 
     wl = load_workload(model, **parse_sets(sets))
     with _Progress() as progress:
-        df = compare(wl, hardware(hw_name), time_limit_s=time_limit, progress=progress)
+        df = compare(wl, hardware(hw_name, hw_devices), time_limit_s=time_limit,
+                     progress=progress)  # fmt: skip
     click.echo(
         f"{'layout':<14} {'mesh':<22} {'step s':>10} {'exposed comm':>12} {'GiB/dev':>9} "
         f"{'fits':>5} {'MFU':>6}"

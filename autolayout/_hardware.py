@@ -393,7 +393,9 @@ def _gpu(name: str, prof: dict[str, Any], n: int) -> Cluster:
     )
 
 
-def _build(name: str, prof: dict[str, Any], where: str, count: str | None) -> Hardware:
+def _build(
+    name: str, prof: dict[str, Any], where: str, count: str | None, file: bool = False
+) -> Hardware:
     top = prof[""]
     kind = top["kind"]
     c = prof["chip"]
@@ -403,10 +405,16 @@ def _build(name: str, prof: dict[str, Any], where: str, count: str | None) -> Ha
     e = prof["efficiency"]
     eff = Efficiency(e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"])
     if count is None:
-        if "devices" not in top and kind == "tpu":
-            raise HardwareError(
-                f"hardware {name!r}: a TPU name needs a slice size, e.g. {top['family']}-8; {NAMING_RULE}"
-            )
+        if "devices" not in top:
+            if kind == "tpu" and not file:
+                raise HardwareError(
+                    f"hardware {name!r}: a TPU name needs a slice size, e.g. {top['family']}-8; {NAMING_RULE}"
+                )
+            if file or kind == "tpu":
+                raise HardwareError(
+                    f"{where}: how many devices? pass --devices N (devices=N in Python), or "
+                    f"put devices = N at the top of the file"
+                )
         count = str(top.get("devices", 1))
     if kind == "tpu":
         n, topo = _tpu(name, prof, where, count)
@@ -433,8 +441,12 @@ def _build(name: str, prof: dict[str, Any], where: str, count: str | None) -> Ha
     )
 
 
-def hardware(name: str | Path) -> Hardware:
+def hardware(name: str | Path, devices: int | None = None) -> Hardware:
     """A slice or cluster by the name its users write, or a profile file.
+
+    ``devices`` gives the device count where the name does not (a profile file without a
+    ``devices = N`` key, a family name such as ``h100``); a count given twice that disagrees
+    is an error, and so is a profile file with no count at all.
 
     Example:
       >>> import autolayout as al
@@ -444,9 +456,19 @@ def hardware(name: str | Path) -> Hardware:
       8
     """
     s = str(name)
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)
+                                or devices < 1):  # fmt: skip
+        raise HardwareError(f"--devices must be a positive integer, got {devices!r}")
     if s.endswith(".toml") or "/" in s or Path(s).is_file():
         p = Path(s)
-        return _build(p.stem, load_profile(p), _shown(p), None)
+        prof = load_profile(p)
+        given = prof[""].get("devices")
+        if devices is not None and given is not None and int(given) != devices:
+            raise HardwareError(
+                f"{_shown(p)} says devices = {given} and --devices says {devices}: give one"
+            )
+        count = str(devices) if devices is not None else None
+        return _build(p.stem, prof, _shown(p), count, file=True)
     families = list_profiles()
     m = re.fullmatch(r"(.+?)(?:-(\d+(?:x\d+)*))?", s.lower())
     fam, count = (m.group(1), m.group(2)) if m else (s, None)
@@ -457,5 +479,34 @@ def hardware(name: str | Path) -> Hardware:
         raise HardwareError(
             f"unknown hardware {s!r}: known families are {', '.join(families)}; {NAMING_RULE}"
         )
+    if devices is not None:
+        if count is not None and count != str(devices):
+            raise HardwareError(
+                f"hardware {s!r} names {count} devices and --devices says {devices}: give one"
+            )
+        count = str(devices)
+        s = s if m and m.group(2) else f"{s}-{devices}"
     path = _profile_dir() / f"{fam}.toml"
     return _build(s, load_profile(path), f"hw_profiles/{fam}.toml", count)
+
+
+def profile_sources(hw: Hardware) -> list[tuple[str, str]]:
+    """``(section.key, the comment that sources it)`` for every figure of the profile file
+    ``hw`` came from, in file order (the profile's header first)."""
+    path = Path(hw.source)
+    if not path.is_file():
+        path = _profile_dir() / path.name
+    if not path.is_file():
+        return []
+    out: list[tuple[str, str]] = []
+    section = ""
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if text.startswith("[") and text.endswith("]"):
+            section = text[1:-1] + "."
+        elif text.startswith("#") and not out and section == "":
+            out.append(("(profile)", text.lstrip("# ")))
+        elif "=" in text and "#" in text:
+            key = text.split("=", 1)[0].strip()
+            out.append((section + key, text.split("#", 1)[1].strip()))
+    return out

@@ -7,7 +7,7 @@ contiguously. A mesh axis of size ``n`` and stride ``s`` then covers, on each ph
 dimension, a *segment*: how many distinct coordinates its members take there. An axis may
 span several torus dims, or part of one, or NVLink and the network both.
 
-Formulas (``shared/hardware-facts.md``, jax-ml/scaling-book ``sharding.md``/``gpus.md``);
+Formulas (``docs/hardware-facts.md``, jax-ml/scaling-book ``sharding.md``/``gpus.md``);
 ``V`` is the bytes of the whole (gathered) array of one group, ``N`` the group size:
 
 * TPU all-gather: ``max(alpha * hops, V (N-1)/N / sum_i W_i)`` over the segments; a segment

@@ -96,6 +96,7 @@ class ShapeResult:
     hand: dict[str, Candidate] = field(default_factory=dict)  # the hand-layout seeds
     lower_bound: float | None = None  # no layout on this shape is faster (where computed)
     greedy: dict[str, Candidate] | None = None  # seeds with the greedy descent, once made
+    named: bool = False  # the user's mesh: its axis names are kept
 
 
 # --- the clock ------------------------------------------------------------------------------
@@ -462,10 +463,13 @@ def least_memory(req: Request, start: Candidate, time_limit_s: float = 10.0) -> 
 # --- the plan ----------------------------------------------------------------------------------
 
 
-def _axis_names(g: Graph, req: Request, choice: list[int]) -> dict[str, str]:
+def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     """Generic mesh axes named after what they split: the batch only ``data``, the batch and
     weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
-    of the activations) ``space``, else ``model``."""
+    of the activations) ``space``, else ``model``. A mesh the user gave keeps its names."""
+    req = r.request
+    if r.named:
+        return {a: a for a in req.machine.mesh}
     batch = None
     try:
         batch = batch_dim(g)
@@ -583,7 +587,8 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         _CLOCK.charge(_Clock.SHAPE_S)
         sd = seeds(req, limit, deadline, greedy=False)
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
-        r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req)
+        r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req,
+                        named=mesh is not None)  # fmt: skip
         r.seeds = {name: c.step_time_s for name, c in sd.items()}
         r.hand = dict(sd)
         slots[i] = r
@@ -655,7 +660,17 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         win.least_memory = win.best.memory_bytes
         status = "INFEASIBLE"
         _CLOCK.mark("least_memory")
-    return _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
+    stopped = ""
+    if status == "TIMEOUT" and _now() < deadline - 0.05:  # TIMEOUT is the time limit alone
+        status = "FEASIBLE"
+        stopped = (
+            "the search on the winning shape ended before its proof (its share of the time "
+            "limit, or its rounds), with time left: best found, not proven optimal"
+        )
+    p = _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
+    if stopped:
+        p.solver["stopped"] = stopped
+    return p
 
 
 def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
@@ -773,7 +788,7 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     if best is None:
         return None
     c, r, name = best
-    names = _axis_names(g, r.request, c.choice)
+    names = _axis_names(g, r, c.choice)
     mesh = {names[a]: n for a, n in r.mesh.items()}
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
     rs = RuleSet(g, mesh, rules)
@@ -832,7 +847,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     if choice != win.best.choice:
         mem = memory_peak(req, choice)[0]
         win.best = Candidate(choice, req.objective(choice), mem, win.best.source)
-    names = _axis_names(g, req, choice)
+    names = _axis_names(g, win, choice)
     layouts, assigns = req.layouts_of(choice, names), req.assigns_of(choice, names)
     mesh = {names[a]: n for a, n in win.mesh.items()}
     for t in g.tensors:

@@ -1,5 +1,5 @@
 """Golden collective times, derived by hand in the comments (formulas in
-cost_models/collectives.py and shared/hardware-facts.md)."""
+cost_models/collectives.py and docs/hardware-facts.md)."""
 
 import pytest
 
