@@ -82,15 +82,18 @@ def solve(
     hint: Sequence[int] | None = None,
     objective: str = "time",
     deterministic: bool = False,
+    wall_limit_s: float | None = None,
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
     ``deterministic``: one worker, seed 0, and ``time_limit_s`` of CP-SAT's deterministic
     time instead of wall time, so the same request gives the same answer on any load.
     Otherwise ``time_limit_s`` is wall time and covers building the model too (its Python
-    side takes seconds on 25k nodes): past it, status UNKNOWN and no choice."""
+    side takes seconds on 25k nodes): past it, status UNKNOWN and no choice.
+    ``wall_limit_s`` (deterministic): a wall-clock backstop for the solve itself."""
     t0 = time.perf_counter()
-    deadline = None if deterministic else t0 + max(0.05, float(time_limit_s))
+    limit = wall_limit_s if deterministic else time_limit_s
+    deadline = None if limit is None else t0 + max(0.05, float(limit))
     ticks = [0]
 
     def late(every: int = 1) -> bool:
@@ -229,7 +232,10 @@ def solve(
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
         solver.parameters.max_deterministic_time = max(0.05, float(time_limit_s))
-        solver.parameters.max_time_in_seconds = 60.0 * max(1.0, float(time_limit_s))  # a net
+        net = 60.0 * max(1.0, float(time_limit_s))  # a net, or the caller's wall-clock limit
+        if deadline is not None:
+            net = min(net, max(0.05, deadline - time.perf_counter()))
+        solver.parameters.max_time_in_seconds = net
     else:
         if late():
             return gave_up()

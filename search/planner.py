@@ -118,6 +118,10 @@ class _Clock:
     def __init__(self, deterministic: bool = False) -> None:
         self.deterministic = deterministic
         self.virtual = 0.0
+        # deterministic: past this wall time every deadline has passed (the limit holds),
+        # and ``walled`` says the plan may differ between runs
+        self.wall_end = math.inf
+        self.walled = False
         self.phases: dict[str, float] = {}  # wall seconds per phase of the plan
         self._mark = time.perf_counter()
 
@@ -128,7 +132,12 @@ class _Clock:
         self._mark = t
 
     def now(self) -> float:
-        return self.virtual if self.deterministic else time.perf_counter()
+        if not self.deterministic:
+            return time.perf_counter()
+        if time.perf_counter() > self.wall_end:
+            self.walled = True
+            return self.virtual + 1e9  # beyond any deadline
+        return self.virtual
 
     def charge(self, seconds: float) -> None:
         self.virtual += seconds
@@ -142,7 +151,11 @@ def _now() -> float:
 
 
 def _solve(req: Request, **kw) -> ilp.Solution:
+    if _CLOCK.deterministic:
+        kw["wall_limit_s"] = max(0.05, _CLOCK.wall_end - time.perf_counter())
     sol = ilp.solve(req, deterministic=_CLOCK.deterministic, **kw)
+    if _CLOCK.deterministic and time.perf_counter() >= _CLOCK.wall_end:
+        _CLOCK.walled = True  # the backstop, not the work, ended this solve
     _CLOCK.charge(sol.deterministic_s + _Clock.ELEMENT_S * (sol.variables + sol.constraints))
     return sol
 
@@ -533,7 +546,9 @@ def plan(
 
     ``deterministic``: the same plan on every run and machine load. ``time_limit_s`` then
     counts work, not wall time (CP-SAT's deterministic time, one worker, a fixed seed, and a
-    fixed charge per candidate priced), and tracing is not counted.
+    fixed charge per candidate priced), and tracing is not counted; the wall clock still
+    holds the limit: where it comes first, ``plan.solver["deterministic"]`` is False and
+    ``plan.solver["stopped"]`` says so.
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
@@ -545,6 +560,12 @@ def plan(
                       prune, full_limit, refine_shapes, objective)  # fmt: skip
         _CLOCK.mark("final")  # pricing the winner exactly, the report's tables
         p.solver["phases_s"] = dict(_CLOCK.phases)
+        if _CLOCK.walled:
+            p.solver["deterministic"] = False
+            p.solver["stopped"] = (
+                "the wall-clock limit came before the work limit: this plan may differ "
+                "between runs (a larger --time-limit gives a reproducible one)"
+            )
         return p
     finally:
         _CLOCK = saved
@@ -567,11 +588,15 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     _CLOCK.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = (_now() if _CLOCK.deterministic else t0) + time_limit_s
-    hand_s = 0.0  # kept for pricing a fitting hand layout exactly, while one may fit
-    if not _CLOCK.deterministic:  # time for the final exact pricing, walks like analyse's
-        analyse_s, cap = time.perf_counter() - ta, FINAL_SHARE * time_limit_s
-        final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, cap)
-        hand_s = min(FINAL_HAND_FACTOR * analyse_s, cap - final)
+    # time for the final exact pricing, walks like analyse's, and for pricing a fitting hand
+    # layout exactly while one may fit
+    analyse_s, cap = time.perf_counter() - ta, FINAL_SHARE * time_limit_s
+    final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, cap)
+    hand_s = min(FINAL_HAND_FACTOR * analyse_s, cap - final)
+    if _CLOCK.deterministic:  # work sets the deadlines; the wall clock is a backstop
+        _CLOCK.wall_end = t0 + time_limit_s - final - hand_s
+        hand_s = 0.0
+    else:
         deadline -= final + hand_s
     slots: list[ShapeResult | None] = [None] * len(shapes)
     # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
