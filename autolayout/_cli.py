@@ -166,22 +166,62 @@ def _mesh(text: str) -> dict[str, int]:
         ) from None
 
 
+def _width() -> int:
+    import shutil
+
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _summary_lines(plan) -> list[str]:
+    from ._plan import mesh_text
+    from ._report import inner_splits, rule_lines
+
     s = plan.summary()
     gib = 2**30
-    from ._plan import mesh_text
-
+    w = _width()
     mesh = mesh_text(plan.mesh)
-    rules = ", ".join(f"{d} -> {'x'.join(a) or '()'}" for d, a in plan.rules()) or "(none)"
-    return [
-        f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})",
-        f"rules: {rules}",
+    unused = [a for a, n in plan.mesh.items() if n > 1 and not _axis_used(plan, a)]
+    lines = [f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})"]
+    if unused:
+        lines.append(f"  (mesh axis {', '.join(unused)} splits nothing: those devices repeat "
+                     "the same work)")  # fmt: skip
+    rules = rule_lines(plan)
+    lines.append("rules (how the inputs are split):" + ("" if rules else " none, all replicated"))
+    lines += [_fit(f"  {r}", w) for r in rules]
+    inner = inner_splits(plan)
+    if inner:
+        lines.append("also inside the step (activations the rules do not show):")
+        lines += [_fit(f"  {r}", w) for r in inner]
+    exceptions = (plan.solver or {}).get("exceptions", [])
+    if exceptions:
+        lines.append(
+            f"exceptions: {len(exceptions)} inputs are laid out otherwise than the rules say "
+            "(partition_specs() has them all; `autolayout report PLAN --exceptions` lists them)"
+        )
+    stopped = (plan.solver or {}).get("stopped")
+    if stopped:
+        lines.append(f"note: {stopped}")
+    lines += [
         f"step time {s['step_time_s']:.4g} s (compute {s['compute_s']:.4g} s, communication "
         f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
         f"{s['step_time_no_overlap_s']:.4g} s)",
         f"MFU {s['mfu']:.3f}, memory {s['memory_bytes_per_device'] / gib:.3f} GiB per device of "
         f"{s['memory_limit_bytes'] / gib:.1f} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
+    import textwrap
+
+    return [
+        x for line in lines
+        for x in (textwrap.wrap(line, w, subsequent_indent="    ") if len(line) > w else [line])
+    ]  # fmt: skip
+
+
+def _axis_used(plan, axis: str) -> bool:
+    return any(axis in axes for lay in plan.layouts.values() for axes in lay)
 
 
 @main.command("evaluate")
@@ -227,8 +267,10 @@ def _print_plan(plan, out: str | None) -> None:
         click.echo(line)
     top = plan.report().assign(t=lambda r: (r.compute_s + r.comm_s) * r.trips)
     click.echo("costliest ops:")
+    w = _width()
     for r in top.nlargest(3, "t").itertuples():
-        click.echo(f"  {r.op:<24} {r.t:.4g} s  {r.strategy or 'replicated'}  {r.collective}")
+        line = f"  {r.op:<20} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
+        click.echo(_fit(line, w))
     if out:
         plan.to_json(out)
         click.echo(f"plan written to {out}")
@@ -363,7 +405,9 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
               help="Write one self-contained HTML page (tables and figures) here.")  # fmt: skip
 @click.option("--by", default="layer", show_default=True, help="Group the time by this column.")
 @click.option("--top", default=10, show_default=True, help="Rows of the costliest ops.")
-def report_cmd(plan_path, html_out, by, top) -> None:
+@click.option("--exceptions", "show_exceptions", is_flag=True,
+              help="List the inputs the rules do not lay out, with their layouts.")  # fmt: skip
+def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     """Read a plan file: its summary, the costliest ops, time per layer and per collective."""
     from ._plan import Plan
     from ._report import collectives_by_kind, summary_rows, top_ops
@@ -374,13 +418,25 @@ def report_cmd(plan_path, html_out, by, top) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=max(160, Console().width))
+    con = Console()  # the terminal's width: columns shrink and cut, rows stay rows
     t = Table(title=f"plan {plan_path}", show_header=False)
     for k, v in summary_rows(plan):
         t.add_row(k, v)
     con.print(t)
-    con.print(_rich_frame(top_ops(plan, top), f"costliest {top} ops (time per step, s)"))
-    con.print(_rich_frame(plan.report(by=by).head(top), f"time per step by {by}", index=by))
+    if show_exceptions:
+        rows = (plan.solver or {}).get("exceptions", [])
+        ex = Table(title=f"exceptions to the rules ({len(rows)} inputs)")
+        ex.add_column("input", overflow="fold")
+        ex.add_column("layout (mesh axes per tensor axis)", overflow="fold")
+        for path, lay in rows:
+            ex.add_row(path, "(" + ", ".join("x".join(a) or "-" for a in lay) + ")")
+        con.print(ex)
+    ops, per = top_ops(plan, top), plan.report(by=by).head(top)
+    if con.width < 120:  # a narrow terminal: the columns a reader needs first
+        ops = ops[[c for c in ("op", "layer", "time_s", "collective", "strategy") if c in ops]]
+        per = per[[c for c in ("ops", "time_s", "share") if c in per]]
+    con.print(_rich_frame(ops, f"costliest {top} ops (time per step, s)"))
+    con.print(_rich_frame(per, f"time per step by {by}", index=by))
     con.print(_rich_frame(collectives_by_kind(plan), "collectives per step", index="kind"))
     if html_out:
         plan.to_html(html_out)
@@ -393,9 +449,10 @@ def _rich_frame(df, title: str, index: str | None = None):
     t = Table(title=title)
     cols = ([index] if index else []) + [str(c) for c in df.columns]
     for c in cols:
-        t.add_column(
-            c, justify="left" if c in (index, "op", "kind", "layer", "strategy") else "right"
-        )
+        text = c in (index, "op", "kind", "layer", "strategy", "collective")
+        t.add_column(c, justify="left" if text else "right", no_wrap=True, overflow="ellipsis",
+                     min_width=min(len(c), 10) if text else max(len(c), 9),
+                     max_width=40 if text else None)  # fmt: skip
     for idx, row in df.iterrows():
         vals = [str(idx)] if index else []
         vals += [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
@@ -415,7 +472,7 @@ def diff_cmd(plan_a, plan_b, top) -> None:
     from ._report import diff
 
     d = diff(Plan.load(plan_a), Plan.load(plan_b))
-    con = Console(width=max(160, Console().width))
+    con = Console()
     click.echo(f"a = {plan_a}\nb = {plan_b}")
     con.print(_rich_frame(d.summary, "a against b"))
     con.print(_rich_frame(d.inputs.head(top), f"inputs laid out differently ({len(d.inputs)})"))

@@ -178,6 +178,47 @@ def top_ops(plan: Plan, n: int = 10):
     return df.sort_values("time_s", ascending=False).head(n)[cols + ["collective"]]
 
 
+_INDEX = re.compile(r"(?<=/)\d+(?=/)")
+
+
+def rule_lines(plan: Plan) -> list[str]:
+    """The rules as an engineer reads them: one line per dim, where a dim repeats per layer
+    copy (``params/blocks/3/w_in.1``) one line for all copies (``params/blocks/*/w_in.1``,
+    with their count), in the rules' order."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for d, axes in plan.rules():
+        groups.setdefault((_INDEX.sub("*", d), tuple(axes)), []).append(d)
+    out = []
+    for (pattern, axes), dims in groups.items():
+        name = pattern if len(dims) > 1 else dims[0]
+        more = f"  ({len(dims)} copies)" if len(dims) > 1 else ""
+        out.append(f"{name} -> {'x'.join(axes) or '()'}{more}")
+    return out
+
+
+def inner_splits(plan: Plan, top: int = 4) -> list[str]:
+    """Splits the ops make inside the step that the rules do not show (the rules lay out the
+    inputs): ``batch -> model`` where activations split the batch on an axis no input rule
+    gives it, with the ops' share of the step time; costliest first, 1% of it at least."""
+    rules = {(_INDEX.sub("*", d), tuple(a)) for d, a in plan.rules()}
+    time: dict[tuple[str, str], float] = {}
+    count: dict[tuple[str, str], int] = {}
+    for row in plan.ops:
+        for part in filter(None, (row.get("strategy") or "").split(",")):
+            dim, _, axes = part.rpartition(":")
+            key = (_INDEX.sub("*", dim), axes)
+            if (key[0], tuple(axes.split("x"))) in rules:
+                continue
+            t = (row.get("compute_s", 0.0) + row.get("comm_s", 0.0)) * row.get("trips", 1)
+            time[key] = time.get(key, 0.0) + t
+            count[key] = count.get(key, 0) + 1
+    total = sum((r.get("compute_s", 0.0) + r.get("comm_s", 0.0)) * r.get("trips", 1)
+                for r in plan.ops) or 1.0  # fmt: skip
+    ranked = [k for k in sorted(time, key=lambda k: -time[k])[:top] if time[k] >= 0.01 * total]
+    return [f"{d} -> {a}  ({count[(d, a)]} ops, {time[(d, a)] / total:.0%} of the time)"
+            for d, a in ranked]  # fmt: skip
+
+
 def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     """The summary as (label, value) pairs, units written out."""
     s = plan.predicted
@@ -189,7 +230,8 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
         ("hardware", f"{plan.hardware} ({plan.devices} devices)"),
         ("status", plan.status),
         ("mesh", mesh),
-        ("rules", ", ".join(f"{d}->{'x'.join(a)}" for d, a in plan.rules()) or "(replicated)"),
+        ("rules", "\n".join(rule_lines(plan)) or "(replicated)"),
+        ("also inside the step", "\n".join(inner_splits(plan)) or "(nothing more)"),
         ("step time", _seconds(s.get("step_time_s", math.nan))),
         ("compute", _seconds(s.get("compute_s", math.nan))),
         ("communication", _seconds(s.get("comm_s", math.nan))),
