@@ -269,7 +269,8 @@ def _print_plan(plan, out: str | None) -> None:
     click.echo("costliest ops:")
     w = _width()
     for r in top.nlargest(3, "t").itertuples():
-        line = f"  {r.op:<20} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
+        where = f"{r.op} ({r.layer})" if r.layer else r.op
+        line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
         click.echo(_fit(line, w))
     if out:
         plan.to_json(out)
@@ -369,10 +370,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         ("not reached in the time limit", ("SKIPPED",)),
     )}  # fmt: skip
     parts = ", ".join(f"{n} {what}" for what, n in count.items() if n)
-    click.echo(
-        f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s; "
-        f"exceptions to the rules: {len(p.solver['exceptions'])}"
-    )
+    click.echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s")
     if p.status == "INFEASIBLE":
         sys.exit(1)
 

@@ -181,3 +181,37 @@ def test_compare_table_has_every_layout():
     names = [ln.split()[0] for ln in r.output.splitlines() if ln.strip()]
     rows = names[names.index("layout") + 1 :]
     assert rows[0] == "auto" and {"dp", "fsdp", "megatron"} <= set(rows)
+
+
+def test_an_unexpected_failure_is_one_line_not_a_traceback(monkeypatch):
+    import autolayout._cli as cli
+
+    def broken(*a, **k):
+        raise RuntimeError("something deep\nbroke")
+
+    monkeypatch.setattr(cli, "trace", broken)
+    r = run("trace", str(MODELS / "gpt.py"))
+    assert r.exit_code == 3
+    assert r.output.strip().count("\n") == 0, r.output
+    assert "error: RuntimeError: something deep broke" in r.output and "--debug" in r.output
+    r = CliRunner().invoke(main, ["--debug", "trace", str(MODELS / "gpt.py")])
+    assert isinstance(r.exception, RuntimeError)
+
+
+def test_a_users_mesh_keeps_its_names_and_rules_read_once_per_dim(tmp_path):
+    """--mesh data=2,model=4 came back as model=2 x model2=4; a user's unrolled layers
+    printed one rule per layer copy."""
+    from conftest import ROOT
+
+    model = str(ROOT / "experiments" / "models" / "my_transformer.py")
+    r = run("plan", model, "--hw", "cpu-8", "--mesh", "data=2,model=4", "--time-limit", "10",
+            "--deterministic", "--set", "layers=3", "--set", "d_model=128", "--set", "d_ff=512",
+            "--out", str(tmp_path / "p.json"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "mesh data=2 x model=4" in r.output
+    import re
+
+    block = r.output.split("rules (how the inputs are split):\n", 1)[1]
+    rules = re.findall(r"^  (\S+) -> ", re.split(r"\n(?=\S)", block, maxsplit=1)[0], re.M)
+    folded = [re.sub(r"/\d+/", "/*/", d) for d in rules]
+    assert rules and len(set(folded)) == len(folded), rules  # one line per dim, not per copy

@@ -194,3 +194,55 @@ def test_bad_profile_files_name_the_file_and_key(tmp_path, edit, message):
 def test_a_missing_profile_file(tmp_path):
     with pytest.raises(al.HardwareError, match="profile file does not exist"):
         al.hardware(str(tmp_path / "nope.toml"))
+
+
+def test_a_profile_file_takes_its_device_count_once(tmp_path):
+    """--hw ./mine.toml --devices 64, or devices = N in the file; no count at all used to
+    mean 1 device silently, and two counts that disagree are ambiguous."""
+    p = tmp_path / "mine.toml"
+    p.write_text(GOOD)
+    with pytest.raises(al.HardwareError, match=r"mine.toml: how many devices\? pass --devices N"):
+        al.hardware(str(p))
+    hw = al.hardware(str(p), devices=16)
+    assert hw.num_devices == 16 and hw.topology.nodes == 2
+    p.write_text(GOOD.replace('kind = "gpu"', 'kind = "gpu"\ndevices = 8'))
+    assert al.hardware(str(p)).num_devices == 8
+    assert al.hardware(str(p), devices=8).num_devices == 8
+    with pytest.raises(al.HardwareError, match="says devices = 8 and --devices says 16: give one"):
+        al.hardware(str(p), devices=16)
+    assert al.hardware("h100", devices=64).name == "h100-64"
+    with pytest.raises(al.HardwareError, match="names 8 devices and --devices says 64"):
+        al.hardware("h100-8", devices=64)
+
+
+def test_the_cli_takes_devices_for_a_profile_file(tmp_path):
+    from click.testing import CliRunner
+
+    from autolayout._cli import main
+    from conftest import MODELS
+
+    p = tmp_path / "mine.toml"
+    p.write_text(GOOD.replace("{ bf16 = 1e15 }", "{ bf16 = 1e15, f32 = 5e14 }"))
+    mlp = str(MODELS / "mlp.py")
+    r = CliRunner().invoke(main, ["evaluate", mlp, "--hw", str(p), "--layout", "dp"])
+    assert r.exit_code == 2 and "how many devices?" in r.output
+    r = CliRunner().invoke(main, ["evaluate", mlp, "--hw", str(p), "--devices", "16",
+                                  "--layout", "dp"])  # fmt: skip
+    assert r.exit_code == 0 and "mesh data=16" in r.output, r.output
+
+
+@pytest.mark.parametrize("family", ["a100-80gb", "h100", "h200", "b200", "gb200-nvl72"])
+def test_every_gpu_profile_prices_a_float32_model(family):
+    """JAX runs a float32 dot on these GPUs as TF32 at default precision; a profile without
+    an f32 peak made every float32 model unplannable."""
+    import jax.numpy as jnp
+
+    def step(w, x):
+        return jnp.sum(jnp.tanh(x @ w))
+
+    hw = al.hardware(f"{family}-8" if family != "gb200-nvl72" else "gb200-nvl72-72")
+    n = hw.num_devices
+    wl = al.Workload(step, (al.spec((512, 512), ("d_in", "d_out")),
+                            al.spec((8 * n, 512), ("batch", "d_in"))))  # fmt: skip
+    p = al.evaluate(wl, hw, mesh={"data": n}, rules={"batch": "data"})
+    assert 0 < p.predicted["compute_s"] and hw.chip.peak_flops["f32"] < hw.chip.peak_flops["bf16"]
