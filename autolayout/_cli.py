@@ -187,8 +187,8 @@ def _summary_lines(plan) -> list[str]:
     unused = [a for a, n in plan.mesh.items() if n > 1 and not _axis_used(plan, a)]
     lines = [f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})"]
     if unused:
-        lines.append(f"  (mesh axis {', '.join(unused)} splits nothing: those devices repeat "
-                     "the same work)")  # fmt: skip
+        lines.append(f"  (mesh axis {', '.join(unused)} splits nothing: its devices repeat "
+                     "the same work, which the cost model finds faster than splitting here)")  # fmt: skip
     rules = rule_lines(plan)
     lines.append("rules (how the inputs are split):" + ("" if rules else " none, all replicated"))
     lines += [_fit(f"  {r}", w) for r in rules]
@@ -413,10 +413,9 @@ def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     plan = Plan.load(plan_path)
     if by not in plan.report().columns:
         raise click.BadParameter(f"no column {by!r} in the report", param_hint="--by")
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()  # the terminal's width: columns shrink and cut, rows stay rows
+    con = _console()
     t = Table(title=f"plan {plan_path}", show_header=False)
     for k, v in summary_rows(plan):
         t.add_row(k, v)
@@ -439,6 +438,17 @@ def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     if html_out:
         plan.to_html(html_out)
         click.echo(f"HTML report written to {html_out}")
+
+
+def _console():
+    """A terminal's own width (columns shrink and cut, rows stay rows); 160 columns into a
+    file or a pipe, unless COLUMNS says otherwise."""
+    import os
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=160 if wide else None)
 
 
 def _rich_frame(df, title: str, index: str | None = None):
@@ -464,13 +474,12 @@ def _rich_frame(df, title: str, index: str | None = None):
 @click.option("--top", default=10, show_default=True, help="Rows of ops and inputs shown.")
 def diff_cmd(plan_a, plan_b, top) -> None:
     """Where two plans of one model split differently, and what each difference costs."""
-    from rich.console import Console
 
     from ._plan import Plan
     from ._report import diff
 
     d = diff(Plan.load(plan_a), Plan.load(plan_b))
-    con = Console()
+    con = _console()
     click.echo(f"a = {plan_a}\nb = {plan_b}")
     con.print(_rich_frame(d.summary, "a against b"))
     con.print(_rich_frame(d.inputs.head(top), f"inputs laid out differently ({len(d.inputs)})"))

@@ -503,6 +503,11 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
                 for a in axes:
                     if a in quiet and d in space:
                         splits[a].add("space")
+    if quiet:  # an axis no tensor uses at all is marked, not named after a role
+        touched = {a for lay in layouts.values() for axes in lay for a in axes}
+        for a in quiet:
+            if a not in touched:
+                splits[a].add("unused")
     out: dict[str, str] = {}
     used: set[str] = set()
     for a in req.machine.mesh:
@@ -511,6 +516,7 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
             "data" if s == {"batch"}
             else "fsdp" if s == {"batch", "param"}
             else "space" if s == {"space"}
+            else "unused" if s == {"unused"}
             else "model"
         )  # fmt: skip
         # an axis that splits no input splits activations only: model parallelism too

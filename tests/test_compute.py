@@ -28,8 +28,9 @@ def test_peak_by_dtype():
     assert peak_flops(al.hardware("h100"), "float8_e4m3fn") == 1.979e15
     assert peak_flops(al.hardware("tpu-v5e-8"), "int8") == 3.94e14
     assert peak_flops(al.hardware("tpu-v4-8"), "float32") == 2.75e14  # one bf16 pass on TPU
+    assert peak_flops(al.hardware("h100"), "float32") == 4.95e14  # TF32, JAX's f32 dot there
     with pytest.raises(
         al.HardwareError,
-        match=r"hw_profiles/h100.toml: no peak FLOP/s for dtype 'float32'.*add chip.peak_flops.f32",
+        match=r"hw_profiles/h100.toml: no peak FLOP/s for dtype 'int8'.*add chip.peak_flops.int8",
     ):
-        peak_flops(al.hardware("h100"), "float32")
+        peak_flops(al.hardware("h100"), "int8")
