@@ -5,15 +5,43 @@ from __future__ import annotations
 
 import ast
 import collections
+import json
+import os
+import shutil
 import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import click
+import jax
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
 
-from ._errors import AutolayoutError
-from ._hardware import hardware, list_profiles
-from ._trace import trace
-from ._workload import load_workload
+from .core import (
+    AutolayoutError,
+    ModelFileError,
+    Plan,
+    PlanError,
+    collectives_by_kind,
+    diff,
+    hardware,
+    inner_splits,
+    list_profiles,
+    load_workload,
+    mesh_text,
+    profile_sources,
+    rule_lines,
+    summary_rows,
+    top_ops,
+    trace,
+)
+from .cost_models import evaluate
+from .runtime import init_distributed, run, validate
+from .search import compare as search_compare
+from .search import plan as search_plan
+from .search import standard_layout
 
 
 def parse_sets(items: tuple[str, ...]) -> dict[str, Any]:
@@ -92,8 +120,6 @@ def hw_cmd(name: str | None) -> None:
     """List hardware profiles, or show one slice/cluster (e.g. tpu-v4-256, h100-64) with
     the source of each figure."""
     if name:
-        from ._hardware import profile_sources
-
         hw = hardware(name)
         click.echo(hw.describe())
         click.echo("sources (docs/hardware-facts.md collects them):")
@@ -167,7 +193,6 @@ def _mesh(text: str) -> dict[str, int]:
 
 
 def _width() -> int:
-    import shutil
 
     return max(60, shutil.get_terminal_size((100, 24)).columns)
 
@@ -177,8 +202,6 @@ def _fit(text: str, width: int) -> str:
 
 
 def _summary_lines(plan) -> list[str]:
-    from ._plan import mesh_text
-    from ._report import inner_splits, rule_lines
 
     s = plan.summary()
     gib = 2**30
@@ -212,7 +235,6 @@ def _summary_lines(plan) -> list[str]:
         f"MFU {s['mfu']:.3f}, memory {s['memory_bytes_per_device'] / gib:.3f} GiB per device of "
         f"{s['memory_limit_bytes'] / gib:.1f} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
-    import textwrap
 
     return [
         x for line in lines
@@ -242,14 +264,11 @@ def _axis_used(plan, axis: str) -> bool:
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
-    from ._evaluate import evaluate
 
     wl = load_workload(model, **parse_sets(sets))
     hw = hardware(hw_name, hw_devices)
     g = trace(wl)
     if layout:
-        from .search.baselines import standard_layout
-
         if mesh_text or rules_text:
             raise click.UsageError("give either --layout or --mesh/--rules, not both")
         mesh, rules = standard_layout(g, layout, hw.num_devices)
@@ -281,8 +300,6 @@ class _Progress:
     """A progress bar (rich, on stderr) over the mesh shapes being seeded and solved."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
         self.bar = Progress(
             "[progress.description]{task.description}",
@@ -337,14 +354,13 @@ def _plan_options(f):
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
              deterministic, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
-    from .search.planner import plan
 
     wl = load_workload(model, **parse_sets(sets))
     hw = hardware(hw_name, hw_devices)
     mesh = _mesh(mesh_text) if mesh_text else None
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
-        p = plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
+        p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
                  objective=objective, deterministic=deterministic)  # fmt: skip
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
@@ -380,11 +396,10 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
 def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
     """One table: the planner's layout beside DP, FSDP, Megatron, 2-D, Megatron+FSDP and
     (for convolutions) spatial partitioning."""
-    from .search.planner import compare
 
     wl = load_workload(model, **parse_sets(sets))
     with _Progress() as progress:
-        df = compare(wl, hardware(hw_name, hw_devices), time_limit_s=time_limit,
+        df = search_compare(wl, hardware(hw_name, hw_devices), time_limit_s=time_limit,
                      progress=progress)  # fmt: skip
     click.echo(
         f"{'layout':<14} {'mesh':<22} {'step s':>10} {'exposed comm':>12} {'GiB/dev':>9} "
@@ -407,13 +422,10 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
               help="List the inputs the rules do not lay out, with their layouts.")  # fmt: skip
 def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     """Read a plan file: its summary, the costliest ops, time per layer and per collective."""
-    from ._plan import Plan
-    from ._report import collectives_by_kind, summary_rows, top_ops
 
     plan = Plan.load(plan_path)
     if by not in plan.report().columns:
         raise click.BadParameter(f"no column {by!r} in the report", param_hint="--by")
-    from rich.table import Table
 
     con = _console()
     t = Table(title=f"plan {plan_path}", show_header=False)
@@ -443,16 +455,12 @@ def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
 def _console():
     """A terminal's own width (columns shrink and cut, rows stay rows); 160 columns into a
     file or a pipe, unless COLUMNS says otherwise."""
-    import os
-
-    from rich.console import Console
 
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return Console(width=160 if wide else None)
 
 
 def _rich_frame(df, title: str, index: str | None = None):
-    from rich.table import Table
 
     t = Table(title=title)
     cols = ([index] if index else []) + [str(c) for c in df.columns]
@@ -474,9 +482,6 @@ def _rich_frame(df, title: str, index: str | None = None):
 @click.option("--top", default=10, show_default=True, help="Rows of ops and inputs shown.")
 def diff_cmd(plan_a, plan_b, top) -> None:
     """Where two plans of one model split differently, and what each difference costs."""
-
-    from ._plan import Plan
-    from ._report import diff
 
     d = diff(Plan.load(plan_a), Plan.load(plan_b))
     con = _console()
@@ -513,11 +518,6 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
             process_id, join_timeout, force, out, sets) -> None:  # fmt: skip
     """Train MODEL.py laid out as PLAN for N steps: per-step loss and time, then measured
     against predicted step time."""
-    import json
-
-    import jax
-
-    from ._plan import Plan, mesh_text
 
     plan = Plan.load(plan_path)
     procs = num_processes or 1
@@ -530,14 +530,8 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     except RuntimeError:  # jax already started (a notebook, a test): use its devices
         pass
     if coordinator:
-        from .runtime.run import init_distributed
-
         init_distributed(coordinator, num_processes, process_id, timeout_s=join_timeout)
     wl = _workload_for_plan(model, plan, plan_path, parse_sets(sets))
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from .runtime.run import run
 
     tag = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
     n = len(jax.devices())
@@ -570,15 +564,12 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
         f"{pred}{ratio}; compile {res.compile_s:.1f} s"
     )
     if out:
-        from pathlib import Path
-
         Path(out).write_text(json.dumps(res.to_dict(), indent=1))
 
 
 def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
     """The workload the plan was made for: the plan's options; a ``--set`` that says
     otherwise is refused (the plan would run a model it was not made for)."""
-    from ._errors import ModelFileError, PlanError
 
     other = {k: v for k, v in sets.items() if k not in plan.options or plan.options[k] != v}
     if other:
@@ -606,9 +597,6 @@ def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
 @click.option("--tolerance", default=0.10, show_default=True, help="Allowed relative error.")
 def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
     """Compile MODEL.py laid out as PLAN and compare its collectives and FLOPs with the plan."""
-    import os
-
-    from ._plan import Plan
 
     plan = Plan.load(plan_path)
     n = devices or plan.devices
@@ -616,9 +604,6 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
     if flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     wl = _workload_for_plan(model, plan, plan_path, parse_sets(sets))
-    import jax
-
-    from .runtime import validate
 
     v = validate(plan, wl, jax.devices()[:n] if devices else None, tolerance=tolerance)
     click.echo(f"{plan.model} laid out as {plan_path}, compiled for {n} devices:")

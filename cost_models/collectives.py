@@ -26,8 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autolayout._errors import MeshError
-from autolayout._hardware import Cluster, Hardware, Torus
+from autolayout.core import Cluster, Hardware, MeshError, Torus
 
 __all__ = ["KINDS", "MeshError", "Segment", "collective_time", "group_segments", "place_mesh"]
 

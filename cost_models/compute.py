@@ -9,8 +9,7 @@ priced by their bytes alone, as XLA fuses them into their neighbours' memory tra
 
 from __future__ import annotations
 
-from autolayout._errors import HardwareError
-from autolayout._hardware import Hardware
+from autolayout.core import Hardware, HardwareError
 
 MATRIX_OPS = frozenset({"dot_general", "conv_general_dilated"})
 _DTYPE_KEYS = {

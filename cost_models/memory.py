@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout._ir import Graph, per_graph
+from autolayout.core import Graph, per_graph
 
 
 @dataclass(frozen=True, slots=True)

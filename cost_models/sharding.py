@@ -30,14 +30,23 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from autolayout._errors import LayoutError
-from autolayout._hardware import Hardware
-from autolayout._ir import LOOP_OPS, Graph, Op, Tensor, per_graph
+from autolayout.core import (
+    ELEMENTWISE,
+    LOOP_OPS,
+    Graph,
+    Hardware,
+    Layout,
+    Op,
+    Tensor,
+    local_bytes,
+    local_shape,
+    per_graph,
+    replicated,
+    split_factor,
+)
 
 from .collectives import Segment, collective_time, group_segments, place_mesh
 from .compute import MATRIX_OPS, op_time
-
-Layout = tuple[tuple[str, ...], ...]
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -48,46 +57,6 @@ _REDUCE_KIND = {"reduce_max": "max", "reduce_min": "min"}
 _FREE_OPS = frozenset(
     {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name", "iota", "stop_gradient"}
 )
-
-
-def replicated(rank: int) -> Layout:
-    return ((),) * rank
-
-
-def split_factor(axes: tuple[str, ...], mesh: dict[str, int]) -> int:
-    if not axes:
-        return 1
-    if len(axes) == 1:
-        return mesh[axes[0]]
-    return math.prod(mesh[a] for a in axes)
-
-
-def local_shape(shape: tuple[int, ...], layout: Layout, mesh: dict[str, int]) -> tuple[int, ...]:
-    return tuple(s // split_factor(ax, mesh) for s, ax in zip(shape, layout, strict=True))
-
-
-def local_bytes(t: Tensor, layout: Layout, mesh: dict[str, int]) -> int:
-    return t.nbytes // math.prod(split_factor(ax, mesh) for ax in layout)
-
-
-def check_layout(t: Tensor, layout: Layout, mesh: dict[str, int]) -> None:
-    """Raises :class:`LayoutError` naming the tensor, dim and axis a layout cannot split."""
-    seen: set[str] = set()
-    label = t.path or t.name
-    for axis, (size, axes) in enumerate(zip(t.shape, layout, strict=True)):
-        for a in axes:
-            if a not in mesh:
-                raise LayoutError(f"{label}: unknown mesh axis {a!r} (mesh has {', '.join(mesh)})")
-            if a in seen:
-                raise LayoutError(f"{label}: mesh axis {a!r} splits two of its axes")
-            seen.add(a)
-        n = split_factor(axes, mesh)
-        if size % n:
-            dim = t.dims[axis] or f"axis {axis}"
-            raise LayoutError(
-                f"{label}: dim {dim!r} of size {size} does not divide over mesh axes "
-                f"{'x'.join(axes)} = {n}"
-            )
 
 
 # --- collectives ------------------------------------------------------------------------------
@@ -623,8 +592,6 @@ def fused_ops(g: Graph) -> set[str]:
     a reduction, a gather...), where the backward pass reads it later (two or more readers),
     or where it leaves the step. The rest stay in registers inside a loop fusion.
     """
-    from autolayout._dim_rules import ELEMENTWISE
-
     elementwise = set(ELEMENTWISE) | {"name"}
     readers: dict[str, list[Op]] = {}
     for op in g.ops:

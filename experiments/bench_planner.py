@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import autolayout as al  # noqa: E402
-from autolayout._plan import mesh_text  # noqa: E402
+from autolayout.core import mesh_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results"

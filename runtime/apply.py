@@ -20,9 +20,17 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
-from autolayout._errors import MeshError, PlanError
-from autolayout._plan import Plan, mesh_text, partition_spec
-from autolayout._workload import Workload
+from autolayout.core import (
+    MeshError,
+    Plan,
+    PlanError,
+    Workload,
+    mesh_text,
+    partition_spec,
+    path_str,
+    trace_with_jaxpr,
+)
+from autolayout.cost_models import output_layouts
 
 _INLINE = {
     "jit": "jaxpr",
@@ -190,9 +198,6 @@ def apply(
     arguments (``.lower(*workload.args).compile()``). The plan's mesh must have as many
     devices as ``devices`` (default ``jax.devices()``).
     """
-    from autolayout._evaluate import output_layouts
-    from autolayout._trace import trace_with_jaxpr
-    from autolayout._workload import path_str
 
     wl = workload or plan.workload
     if wl is None:

@@ -14,6 +14,9 @@ On several processes (``jax.distributed``) the mesh spans every process's device
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +24,23 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
-from autolayout._errors import MeshError, PlanError, WorkloadError
-from autolayout._plan import Plan, mesh_text
-from autolayout._workload import Workload, path_str
+from autolayout.core import (
+    MeshError,
+    Plan,
+    PlanError,
+    Workload,
+    WorkloadError,
+    hardware,
+    mesh_text,
+    partition_spec,
+    path_str,
+    trace,
+)
+from autolayout.cost_models import evaluate
+
+from .apply import apply, check_inputs, make_mesh
 
 
 @dataclass
@@ -73,9 +89,6 @@ def init_distributed(
     When the other processes do not join within ``timeout_s``, the process says so in one
     line on stderr and exits with status 2: JAX's own time-out aborts the whole process from
     C++ (a stack trace, no message a user can act on), so a timer ends it first."""
-    import os
-    import sys
-    import threading
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU backends only
     if local_devices is not None:
@@ -112,7 +125,6 @@ def init_distributed(
 def device_memory_bytes(devices: Sequence[Any]) -> float | None:
     """What one of these devices can hold: the runtime's own limit where it reports one
     (GPUs, TPUs), else the local hardware profile's HBM x headroom (CPUs)."""
-    from autolayout._hardware import hardware
 
     try:
         stats = devices[0].memory_stats() or {}
@@ -169,7 +181,6 @@ def rescale(plan: Plan, n: int) -> tuple[dict[str, int], str]:
 
 def local_profile(devices: Sequence[Any]) -> str | None:
     """The hardware profile of these devices, if one ships: ``cpu-N``, ``h100-N``, ..."""
-    from autolayout._hardware import hardware
 
     d = devices[0]
     n = len(devices)
@@ -225,14 +236,6 @@ def run(
     """Runs ``steps`` steps of ``workload`` laid out as ``plan`` on ``devices`` (default:
     every device of every process). A plan that is INFEASIBLE or predicted not to fit in
     the devices' memory is refused (:class:`PlanError`) unless ``force``."""
-    from jax.sharding import NamedSharding
-
-    from autolayout._evaluate import evaluate
-    from autolayout._hardware import hardware
-    from autolayout._plan import partition_spec
-    from autolayout._trace import trace
-
-    from .apply import apply, check_inputs, make_mesh
 
     if steps < 1:
         raise WorkloadError(f"--steps must be at least 1, got {steps}")

@@ -19,11 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
-from autolayout._plan import Plan
-from autolayout._workload import Workload
-from autolayout.cost_models.sharding import PROMOTED_ON_CPU
+from autolayout.core import Plan, Workload, hardware, trace
+from autolayout.cost_models import PROMOTED_ON_CPU
+
+from .apply import apply
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _ITEMSIZE = {
@@ -112,7 +114,6 @@ def hlo_collectives(hlo: str) -> list[HloCollective]:
 
 
 def compile_plan(plan: Plan, workload: Workload, devices: Sequence[Any] | None = None):
-    from .apply import apply
 
     f = apply(plan, workload.fn, devices, workload=workload)
     return f.lower(*workload.args).compile()
@@ -154,9 +155,7 @@ def validate(
     buffer assignment) where the plan is for the backend it is compiled on, and shown
     otherwise, and where XLA:CPU emulates 16-bit arithmetic through float32 copies.
     """
-    import pandas as pd
-
-    from autolayout._hardware import hardware
+    import pandas as pd  # heavy (pandas): only where a table is asked for
 
     wl = workload or plan.workload
     compiled = compile_plan(plan, wl, devices)
@@ -166,8 +165,6 @@ def validate(
     pred = plan.collectives()
     graph = plan.graph
     if graph is None:
-        from autolayout._trace import trace
-
         graph = trace(wl)
     try:
         made_for = hardware(plan.hardware).kind
@@ -252,7 +249,6 @@ def validate(
 
 
 def _default_device():
-    import jax
 
     return jax.devices()[0]
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autolayout._errors import RuleError
-from autolayout._ir import Graph, model_named
+from autolayout.core import Graph, RuleError, model_named
+from autolayout.cost_models import conv_spatial
 
 NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "megatron_sp", "spatial")
 TP_DIMS = ("heads", "d_ff", "vocab")
@@ -86,7 +86,6 @@ def spatial_dims(g: Graph) -> list[list[str]]:
     """Per spatial position of the convs (depth, height, width of ``NDHWC``), the named dims
     their inputs and outputs carry there where the conv can be split with a halo exchange.
     Empty when the step has no such conv."""
-    from autolayout.cost_models.sharding import conv_spatial
 
     slots: list[list[str]] = []
     for op in g.ops:

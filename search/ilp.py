@@ -25,7 +25,7 @@ Constraints
 
 Objective
   minimise ``o * T + (1 - o) * (C + M)``: the step time of
-  :func:`autolayout._evaluate.price` (the full-overlap bound plus ``1 - o`` of the rest), with
+  :func:`autolayout.cost_models.price` (the full-overlap bound plus ``1 - o`` of the rest), with
   ``C = sum compute(n,s) x[n,s]`` and ``M = sum comm(n,s) x[n,s] + sum count_r cost(a,b) z[r,a,b]``.
 
 Times and bytes are scaled to integers (CP-SAT is an integer solver); the objective is
@@ -43,7 +43,8 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from .request import MemoryRow, Request
+from .liveness import MemoryRow
+from .request import Request
 
 _STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",

@@ -4,9 +4,8 @@ or a divisor of one, or whole GPU nodes, or a divisor of a node)."""
 
 from __future__ import annotations
 
-from autolayout._errors import MeshError
-from autolayout._hardware import Hardware
-from autolayout.cost_models.collectives import place_mesh
+from autolayout.core import Hardware, MeshError
+from autolayout.cost_models import place_mesh
 
 AXIS_NAMES = ("a", "b", "c")
 

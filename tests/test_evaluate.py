@@ -243,7 +243,7 @@ def test_gathering_two_split_axes_is_one_all_gather_per_axis_last_first():
     """XLA's partitioner gathers [16, 16, 16] split a=4 x b=2 as b (to 4096 B) then a (to
     16384 B) — measured on XLA:CPU; moving two mesh axes between the same tensor axes is one
     all-to-all."""
-    from autolayout._ir import Tensor
+    from autolayout.core import Tensor
     from autolayout.cost_models.sharding import Machine, reshard
 
     m = Machine(al.hardware("cpu-8"), {"a": 4, "b": 2})

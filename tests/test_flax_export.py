@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jax
 
-from autolayout._plan import partition_spec
+from autolayout.core import partition_spec
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "experiments" / "flax_logical.py"
 

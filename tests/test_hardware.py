@@ -1,7 +1,7 @@
 import pytest
 
 import autolayout as al
-from autolayout._hardware import _torus_shape
+from autolayout.core._hardware import _torus_shape
 
 FAMILIES = [
     "tpu-v2",
@@ -34,7 +34,7 @@ def test_every_profile_loads(family):
 
 
 def test_every_number_in_a_profile_has_a_source_comment():
-    from autolayout._hardware import _profile_dir
+    from autolayout.core._hardware import _profile_dir
 
     for path in _profile_dir().glob("*.toml"):
         for line in path.read_text().splitlines():
@@ -89,7 +89,7 @@ def test_torus_shape_doubles_the_smallest_axis():
 
 def test_a_users_own_profile_file(tmp_path):
     src = al.hardware("h100-8").source
-    from autolayout._hardware import _profile_dir
+    from autolayout.core._hardware import _profile_dir
 
     text = (
         (_profile_dir() / "h100.toml").read_text().replace('family = "h100"', 'family = "my-gpu"')

@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 
 import autolayout as al
-from autolayout._dim_rules import reshape_groups
-from autolayout._ir import GraphInvariantError
+from autolayout.core._dim_rules import reshape_groups
+from autolayout.core._ir import GraphInvariantError
 
 
 def _tiny_graph(**changes) -> al.Graph:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import autolayout as al
 from autolayout._cli import main
-from autolayout._report import op_layers
+from autolayout.core import op_layers
 from conftest import load_model
 
 matplotlib.use("Agg")

@@ -14,10 +14,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import autolayout as al
-from autolayout._evaluate import donated_inputs, price
-from autolayout.search import ilp
+from autolayout.cost_models import donated_inputs, price
+from autolayout.search import ilp, liveness
 from autolayout.search import planner as pl
+from autolayout.search import refine as rf
 from autolayout.search import request as rq
+from autolayout.search import seeds as seeding
+from autolayout.search import structure as st_mod
 from autolayout.search.meshes import factorisations, mesh_shapes
 
 MODELS = "experiments/models"
@@ -89,7 +92,7 @@ def test_ilp_equals_brute_force(steps, shape, merge):
     assume(len(g.ops) <= 6)
     hw = al.hardware("tpu-v4-8" if shape == (2, 2) else "tpu-v4-16")
     mesh = {"a": shape[0], "b": shape[1]}
-    structure = rq.analyse(g, share=False, merge=merge)
+    structure = st_mod.analyse(g, share=False, merge=merge)
     req = rq.build(structure, hw, mesh)
     options = [req.allowed(n) for n in range(len(req.nodes))]
     total = math.prod(len(o) for o in options)
@@ -118,16 +121,16 @@ def test_request_prices_like_evaluate(model, opts):
     g = al.trace(wl)
     hw = al.hardware("tpu-v4-16")
     donated = donated_inputs(wl, g)
-    req = rq.build(rq.analyse(g, share=True, donated=donated), hw, {"a": 2, "b": 4})
+    req = rq.build(st_mod.analyse(g, share=True, donated=donated), hw, {"a": 2, "b": 4})
     rnd = random.Random(1)
     for _ in range(3):
         choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
         p = priced(g, hw, req, choice, donated)
         assert req.objective(choice) == pytest.approx(p["step_time_s"], rel=1e-9)
-        assert rq.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
+        assert liveness.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
         # the array walk finds the same peak at the same point as liveness_peak itself
-        arrays = rq._Liveness(req.structure).peak(req, choice)
-        assert arrays == rq.memory_peak_walk(req, choice) == rq.memory_peak(req, choice)
+        arrays = liveness._Liveness(req.structure).peak(req, choice)
+        assert arrays == liveness.memory_peak_walk(req, choice) == liveness.memory_peak(req, choice)
 
 
 @pytest.mark.parametrize("model,opts", [("gpt", {"layers": 4, "remat": "full"}), ("moe", {})])
@@ -137,7 +140,7 @@ def test_price_reuses_alike_ops_exactly(model, opts):
     wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
     g = al.trace(wl)
     hw = al.hardware("tpu-v4-16")
-    req = rq.build(rq.analyse(g, share=True), hw, {"a": 2, "b": 4})
+    req = rq.build(st_mod.analyse(g, share=True), hw, {"a": 2, "b": 4})
     rnd = random.Random(2)
     copies = 0
     for _ in range(3):
@@ -166,8 +169,8 @@ def test_price_reuses_alike_ops_exactly(model, opts):
 
 def test_sharing_merges_repeated_layers():
     g = al.trace(al.load_workload(f"{MODELS}/gpt.py", layers=6))
-    shared = rq.analyse(g, share=True)
-    alone = rq.analyse(g, share=False)
+    shared = st_mod.analyse(g, share=True)
+    alone = st_mod.analyse(g, share=False)
     assert len(shared.leaders) < 0.5 * len(alone.leaders)
     # a shared node's members are the same op in different layers
     big = max(shared.leaders, key=len)
@@ -184,15 +187,15 @@ def test_memory_limit_respected_and_optimal():
     wl = build_fn(["matmul", "tanh", "matmul"])
     g = al.trace(wl)
     hw = al.hardware("tpu-v4-8")
-    req = rq.build(rq.analyse(g, share=False), hw, {"a": 2, "b": 2})
+    req = rq.build(st_mod.analyse(g, share=False), hw, {"a": 2, "b": 2})
     options = [req.allowed(n) for n in range(len(req.nodes))]
     combos = [list(c) for c in itertools.product(*options)]
-    mems = [rq.memory_peak(req, c)[0] for c in combos]
+    mems = [liveness.memory_peak(req, c)[0] for c in combos]
     free = ilp.solve(req)
-    limit = (min(mems) + rq.memory_peak(req, free.choice)[0]) // 2
-    assert limit < rq.memory_peak(req, free.choice)[0]
+    limit = (min(mems) + liveness.memory_peak(req, free.choice)[0]) // 2
+    assert limit < liveness.memory_peak(req, free.choice)[0]
     best = min(req.objective(c) for c, m in zip(combos, mems, strict=True) if m <= limit)
-    sol, cand = pl._solve_fitting(req, limit, None, free.choice, 20, [])
+    sol, cand = rf._solve_fitting(req, limit, None, free.choice, 20, [])
     assert cand is not None and cand.memory_bytes <= limit
     assert cand.step_time_s == pytest.approx(best, rel=1e-6)
 
@@ -202,7 +205,7 @@ def test_ilp_time_limit_covers_building_the_model():
     it the solve gives up, UNKNOWN with no choice, instead of running over."""
     g = al.trace(al.load_workload(f"{MODELS}/gpt.py", layers=6, remat="full"))
     hw = al.hardware("tpu-v4-16")
-    structure = rq.analyse(g, share=False)
+    structure = st_mod.analyse(g, share=False)
     fresh = rq.build(structure, hw, {"a": 2, "b": 4})
     t0 = time.perf_counter()  # the node costs alone, part of what a build does
     for n in range(len(fresh.nodes)):
@@ -274,10 +277,10 @@ def test_infeasible_plan_needs_no_more_than_the_greedy_descent_on_any_shape():
     p = al.plan(wl, "tpu-v4-1024", memory_limit=limit, time_limit_s=20)
     assert p.status == "INFEASIBLE"
     hw = al.hardware("tpu-v4-1024")
-    st = rq.analyse(p.graph, share=True, donated=donated_inputs(wl, p.graph))
+    st = st_mod.analyse(p.graph, share=True, donated=donated_inputs(wl, p.graph))
     reached = []
     for shape in mesh_shapes(hw):
-        sd = pl.seeds(rq.build(st, hw, shape), limit, time.perf_counter() + 30)
+        sd = seeding.seeds(rq.build(st, hw, shape), limit, time.perf_counter() + 30)
         reached.append(min(c.memory_bytes for c in sd.values()))
     assert p.solver["least_memory_bytes"] <= min(reached)
     assert p.predicted["memory_bytes_per_device"] == p.solver["least_memory_bytes"]
@@ -345,7 +348,7 @@ def test_plan_records_its_search(gpt_plan):
 
 def test_plan_rules_and_exceptions_reproduce_inputs(gpt_plan):
     """The rules plus the listed exceptions give every input's layout."""
-    from autolayout._evaluate import RuleSet
+    from autolayout.cost_models import RuleSet
 
     wl, p = gpt_plan
     g = p.graph

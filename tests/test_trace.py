@@ -349,7 +349,7 @@ def test_a_live_op_keeps_its_dead_results(which):
 def test_stamped_calls_equal_walked_ones(opts, monkeypatch):
     """A call of a jaxpr walked before (each remat layer) is stamped from that walk's record;
     the graph, its dims and the runtime's visits equal walking every call."""
-    from autolayout import _trace
+    from autolayout.core import _trace
 
     wl = load_model("gpt", **opts)
     stamps = []

@@ -131,8 +131,11 @@ def test_expert_parallel_all_to_alls_match_xla(mesh):
     import math
     import time
 
-    from autolayout.search.planner import ShapeResult, _to_plan, donated_inputs, seeds
-    from autolayout.search.request import analyse, build
+    from autolayout.cost_models import donated_inputs
+    from autolayout.search.final import _to_plan
+    from autolayout.search.request import build
+    from autolayout.search.seeds import ShapeResult, seeds
+    from autolayout.search.structure import analyse
 
     wl = load_model("moe", layers=1, experts=8)
     g = al.trace(wl)

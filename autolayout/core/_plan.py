@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from ._errors import PlanError
+from ._layout import Layout, mesh_text, partition_spec
+from ._report import figures, html_page, html_summary, report_frame
 
 PLAN_VERSION = 1
 STATUSES = ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE", "EVALUATED")
-
-
-Layout = tuple[tuple[str, ...], ...]
 
 
 def _layout_json(layout: Layout) -> list[list[str]]:
@@ -23,18 +24,6 @@ def _layout_json(layout: Layout) -> list[list[str]]:
 
 def _layout_from(x: Any) -> Layout:
     return tuple(tuple(str(a) for a in axes) for axes in x)
-
-
-def mesh_text(mesh: dict[str, int]) -> str:
-    """``{"data": 16, "model": 8}`` -> ``"data=16 x model=8"``."""
-    return " x ".join(f"{k}={v}" for k, v in mesh.items())
-
-
-def partition_spec(layout: Layout):
-    """The ``jax.sharding.PartitionSpec`` of a layout."""
-    from jax.sharding import PartitionSpec
-
-    return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in layout])
 
 
 @dataclass
@@ -102,14 +91,12 @@ class Plan:
         ``flops``, ``bytes``, ``compute_s``, ``comm_s``, ``time_s`` and ``share`` of the
         summed time, costliest first.
         """
-        from ._report import report_frame
-
         return report_frame(self, by)
 
     def collectives(self):
         """One row per collective of one op execution (``count`` executions a step);
         ``time_s`` is one execution's."""
-        import pandas as pd
+        import pandas as pd  # heavy (pandas): only where a table is asked for
 
         cols = ["op", "kind", "axes", "bytes", "time_s", "count", "tensor", "why"]
         return pd.DataFrame(self.collectives_, columns=cols)
@@ -119,20 +106,14 @@ class Plan:
         per collective kind, per ``by`` group), ``mesh_shapes`` (each shape tried, the chosen
         one marked), ``memory`` (per device by category against HBM), ``roofline`` (ops on the
         chip's roofline)."""
-        from ._report import figures
-
         return figures(self, by)
 
     def _repr_html_(self) -> str:
-        from ._report import html_summary
-
         return html_summary(self)
 
     def to_html(self, path: str | Path | None = None) -> str:
         """One self-contained HTML page (tables and embedded figures, no network); written to
         ``path`` when given."""
-        from ._report import html_page
-
         page = html_page(self)
         if path is not None:
             Path(path).write_text(page)
@@ -163,8 +144,6 @@ class Plan:
 
     def partition_specs(self, workload: Any = None):
         """A pytree of ``PartitionSpec`` matching the workload's arguments."""
-        import jax
-
         wl = workload or self.workload
         specs = [partition_spec(i["layout"]) for i in self.inputs]
         if wl is None:
@@ -180,8 +159,6 @@ class Plan:
     def out_partition_specs(self, workload: Any = None):
         """A pytree of ``PartitionSpec`` matching the step's outputs (``out_shardings``):
         new state in its input's layout, so the outputs feed the next step unchanged."""
-        import jax
-
         wl = workload or self.workload
         specs = [partition_spec(lay) for lay in self.outputs]
         if not specs:

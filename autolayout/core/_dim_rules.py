@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._workload import parse_name_dims
+
 
 class Builder(Protocol):
     user: dict[int, tuple[str | None, ...]]
@@ -69,8 +71,6 @@ def _elementwise(b, eqn, ins, outs):
 @register("name")
 def _name(b, eqn, ins, outs):
     """``checkpoint_name``: an identity; ``al.name_dims`` uses it to name an intermediate."""
-    from ._workload import parse_name_dims
-
     _elementwise(b, eqn, ins, outs)
     dims = parse_name_dims(str(eqn.params["name"]))
     if dims is not None and len(dims) == len(b.shape(outs[0])):

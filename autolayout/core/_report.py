@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._ir import per_graph
+from ._errors import PlanError
+from ._ir import Tensor, per_graph
+from ._layout import local_bytes, mesh_text
 
 if TYPE_CHECKING:
     from ._ir import Graph
@@ -126,7 +128,7 @@ COLUMNS = [
 
 def report_frame(plan: Plan, by: str | None = None):
     """``plan.report(by)``: see :meth:`Plan.report`."""
-    import pandas as pd
+    import pandas as pd  # heavy (pandas): only where a table is asked for
 
     df = pd.DataFrame(plan.ops)
     for c in COLUMNS:
@@ -159,7 +161,7 @@ def report_frame(plan: Plan, by: str | None = None):
 
 def collectives_by_kind(plan: Plan):
     """Per collective kind over a step: count, bytes and time (all executions)."""
-    import pandas as pd
+    import pandas as pd  # heavy (pandas): only where a table is asked for
 
     df = plan.collectives()
     if df.empty:
@@ -222,8 +224,6 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
 def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     """The summary as (label, value) pairs, units written out."""
     s = plan.predicted
-    from ._plan import mesh_text
-
     mesh = mesh_text(plan.mesh)
     rows = [
         ("model", plan.model),
@@ -291,7 +291,7 @@ def figures(plan: Plan, by: str = "layer") -> dict[str, Any]:
 
 
 def _figure(w: float = 7.0, h: float = 4.0):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy (matplotlib): only for figures
 
     return Figure(figsize=(w, h), layout="constrained")
 
@@ -584,12 +584,7 @@ def _layout_text(dims, layout, mesh: dict[str, int]) -> str:
 def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     """``al.diff(plan_a, plan_b)``: see :class:`PlanDiff`. Both plans must be of one program
     (the same model, options and inputs); their hardware and meshes may differ."""
-    import pandas as pd
-
-    from ._errors import PlanError
-    from ._ir import Tensor
-    from ._plan import mesh_text
-    from .cost_models.sharding import local_bytes
+    import pandas as pd  # heavy (pandas): only where a table is asked for
 
     def per_device(i, mesh) -> int:
         t = Tensor(i["path"], tuple(i["shape"]), i["dtype"], tuple(i["dims"]))

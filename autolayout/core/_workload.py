@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from ._errors import ModelFileError, WorkloadError
 
@@ -80,8 +81,6 @@ def name_dims(x: jax.Array, dims: Sequence[str | None]) -> jax.Array:
       >>> al.name_dims(jnp.zeros((2, 3)), ("batch", "capacity")).shape
       (2, 3)
     """
-    from jax.ad_checkpoint import checkpoint_name
-
     dims = tuple(dims)
     if len(dims) != x.ndim:
         raise WorkloadError(f"name_dims: array has {x.ndim} axes but {len(dims)} names {dims}")

@@ -1,0 +1,220 @@
+"""Naming dims: dead code removed first (as XLA drops it), then two union-finds over
+(tensor, axis): families (every link unites) and dims (a link unites only where the class
+would still hold at most one axis of a tensor and one user name)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._builder import _Builder
+from ._errors import WorkloadError
+from ._ir import LOOP_OPS, Dim, Loop
+
+# --- dead code -------------------------------------------------------------------------------
+
+
+def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
+    """Drops ops whose results nothing reads (XLA would too: jax leaves dead zeros of the
+    backward pass in the jaxpr), collects the live ops' links in program order (a loop op
+    opens before its body) into ``b.links`` and returns the live tensor ids."""
+    live = set(outs)
+    kept: list[int] = []  # op positions, last first
+    for i in range(len(b.ops) - 1, -1, -1):
+        _, ins, res = b.int_io[i]
+        if not any(o in live for o in res):
+            continue
+        kept.append(i)
+        live.update(res)  # a live op makes all its results (split, loops)
+        op = b.ops[i]
+        if op.primitive in LOOP_OPS:
+            aliased = {int(t[1:]) for t in op.param("aliased_inputs", ())}  # live if read
+            live.update(t for t in ins if t is not None and t not in aliased)
+            live.update(int(t[1:]) for t in op.param("body_outputs", ()))
+        else:
+            live.update(t for t in ins if t is not None)
+    kept.reverse()
+    ops = [b.ops[i] for i in kept]
+    for k, op in enumerate(ops):  # a loop's constants its body never reads are not its inputs
+        if op.primitive not in LOOP_OPS:
+            continue
+        aliased = op.param("aliased_inputs", ())
+        if any(int(t[1:]) not in live for t in aliased):
+            inputs = tuple(t for t in op.inputs if int(t[1:]) in live)
+            ops[k] = dataclasses.replace(op, inputs=inputs)
+    b.ops = ops
+    names = {op.name for op in ops}
+    b.loops = [
+        Loop(lp.name, lp.kind, lp.length, tuple(n for n in lp.ops if n in names), lp.length_known)
+        for lp in b.loops
+        if lp.name in names
+    ]
+    b.links = []
+    offsets = b.offsets
+    for number in sorted(b.int_io[i][0] for i in kept):  # opened first
+        for group in b.int_links[number]:
+            (t0, a0), *rest = group
+            k0 = offsets[t0] + a0
+            b.links.extend((k0, offsets[t] + a) for t, a in rest)
+    return live
+
+
+# --- naming -----------------------------------------------------------------------------------
+
+
+class _UnionFind:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        p = self.parent
+        root = x
+        while p[root] != root:
+            root = p[root]
+        while p[x] != root:
+            p[x], x = root, p[x]
+        return root
+
+
+def _families(b: _Builder) -> _UnionFind:
+    uf = _UnionFind(b.nax)
+    find, parent = uf.find, uf.parent
+    for x, y in b.links:
+        rx, ry = find(x), find(y)
+        if rx != ry:
+            parent[rx] = ry
+    return uf
+
+
+def _dims(
+    b: _Builder,
+    owner: list[int],
+    sizes: list[int],
+    fam: _UnionFind,
+    live: set[int],
+) -> tuple[_UnionFind, dict[int, str]]:
+    """Union-find that keeps one axis per tensor and one user name per class; returns it and
+    the user name of each named root."""
+    uf = _UnionFind(b.nax)
+    parent = uf.parent
+    members: dict[int, set[int]] = {}
+    names: dict[int, str] = {}
+
+    find = uf.find
+
+    def union(x: int, y: int) -> bool:
+        rx, ry = find(x), find(y)
+        return rx == ry or join(rx, ry)
+
+    def join(rx: int, ry: int) -> bool:  # two roots
+        nx, ny = names.get(rx), names.get(ry)
+        if nx is not None and ny is not None and nx != ny:
+            return False
+        sx = members.get(rx) or {owner[rx]}
+        sy = members.get(ry) or {owner[ry]}
+        if len(sx) > len(sy):
+            rx, ry, sx, sy, nx, ny = ry, rx, sy, sx, ny, nx
+        if not sx.isdisjoint(sy):
+            return False
+        parent[rx] = ry
+        sy |= sx
+        members[ry] = sy
+        members.pop(rx, None)
+        if ny is None and nx is not None:
+            names[ry] = nx
+        names.pop(rx, None)
+        return True
+
+    first_of: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for t in sorted(b.user):  # inputs first, then intermediates named with al.name_dims
+        if t not in live:
+            continue
+        for axis, name in enumerate(b.user[t]):
+            if name is None or b.shapes[t][axis] <= 1:
+                continue
+            k = b.key(t, axis)
+            if name in first_of:
+                k0 = first_of[name]
+                if sizes[k0] != sizes[k]:
+                    raise WorkloadError(
+                        f"dim {name!r} has size {sizes[k0]} on {where[name]} but {sizes[k]} on "
+                        f"{b.paths[t] or b.producer.get(t)} axis {axis}; one name must mean one size"
+                    )
+                union(k0, k)
+            else:
+                first_of[name] = k
+                where[name] = f"{b.paths[t] or b.producer.get(t)} axis {axis}"
+                names[k] = name
+    for x, y in b.links:
+        if sizes[x] > 1:
+            rx, ry = find(x), find(y)
+            if rx != ry:
+                join(rx, ry)
+    # Classes of one family that no tensor holds together are one dim: the key sequence of
+    # every unrolled layer is one "seq#2", not a dim per layer.
+    by_family: dict[int, list[int]] = {}
+    for k in range(b.nax):
+        if sizes[k] > 1 and owner[k] in live and find(k) == k:
+            by_family.setdefault(fam.find(k), []).append(k)
+    for roots in by_family.values():
+        reps: list[int] = []
+        for r in roots:
+            if not any(union(q, r) for q in reps):
+                reps.append(r)
+    return uf, names
+
+
+def _name_dims(
+    b: _Builder, inputs: list[int], live: set[int]
+) -> tuple[list[str | None], dict[str, Dim]]:
+    owner = [t for t, s in enumerate(b.shapes) for _ in s]
+    sizes = [s for shape in b.shapes for s in shape]
+    fam = _families(b)
+    dim, user_names = _dims(b, owner, sizes, fam, live)
+    root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
+    label: dict[int, str] = {}
+    taken: set[str] = set()
+
+    def claim(r: int, name: str) -> None:
+        base, k = name, 2
+        while name in taken:
+            name, k = f"{base}#{k}", k + 1
+        label[r] = name
+        taken.add(name)
+
+    for r, n in user_names.items():
+        if dim.find(r) == r:
+            claim(r, n)
+    for t in inputs:
+        for axis in range(len(b.shapes[t])):
+            r = root[b.key(t, axis)]
+            if r >= 0 and r not in label:
+                claim(r, f"{b.paths[t]}.{axis}")
+    for op in b.ops:  # dims a reshape merged or split
+        for ga, gc in op.param("groups", ()) if op.primitive == "reshape" else ():
+            src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
+            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                if len(one) == 1 and len(many) > 1:
+                    r = root[b.key(t1, one[0])]
+                    parts = [label.get(root[b.key(tm, a)]) for a in many]
+                    if r not in label and all(parts):
+                        claim(r, "*".join(p for p in parts if p))
+    fam_name: dict[int, str] = {}
+    order = sorted({r for r in root if r >= 0})
+    for r in order:
+        if r in label:
+            fam_name.setdefault(fam.find(r), label[r])
+    for r in order:
+        if r not in label:
+            f = fam.find(r)
+            if f in fam_name:
+                claim(r, fam_name[f])
+            else:
+                t = owner[r]
+                claim(r, f"{b.producer.get(t, f't{t}')}:{r - b.offsets[t]}")
+                fam_name[f] = label[r]
+    dims = {
+        label[r]: Dim(label[r], sizes[r], fam_name[fam.find(r)], user=r in user_names)
+        for r in order
+    }
+    return [label.get(r) if r >= 0 else None for r in root], dims

@@ -1,0 +1,236 @@
+"""The winner as a :class:`Plan`: ties broken by a fixed order (``canonical``), mesh axes
+named after what they split, the layouts priced exactly as ``evaluate`` prices them (and the
+best fitting hand layout returned where it is faster), Mesh-TF rules derived with the inputs
+they do not lay out."""
+
+from __future__ import annotations
+
+import time
+
+from autolayout.core import Graph, Hardware, RuleError
+from autolayout.cost_models import RuleSet, plan_from_costs, price
+
+from .baselines import batch_dim, spatial_dims
+from .clock import clock
+from .liveness import memory_peak
+from .request import Request
+from .seeds import Candidate, ShapeResult
+from .structure import Structure
+
+
+def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
+    """Generic mesh axes named after what they split: the batch only ``data``, the batch and
+    weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
+    of the activations) ``space``, else ``model``. A mesh the user gave keeps its names."""
+    req = r.request
+    if r.named:
+        return {a: a for a in req.machine.mesh}
+    batch = None
+    try:
+        batch = batch_dim(g)
+    except RuleError:
+        pass
+    space = {d for sl in spatial_dims(g) for d in sl}
+    layouts = req.layouts_of(choice)
+    splits: dict[str, set[str]] = {a: set() for a in req.machine.mesh}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d, axes in zip(tt.dims, layouts[t], strict=True):
+            for a in axes:
+                splits[a].add("batch" if d == batch else "space" if d in space else "param")
+    quiet = [a for a, s in splits.items() if not s]
+    if quiet and space:  # an axis no input uses may split the volume inside the step
+        for t, lay in layouts.items():
+            for d, axes in zip(g.tensors[t].dims, lay, strict=True):
+                for a in axes:
+                    if a in quiet and d in space:
+                        splits[a].add("space")
+    if quiet:  # an axis no tensor uses at all is marked, not named after a role
+        touched = {a for lay in layouts.values() for axes in lay for a in axes}
+        for a in quiet:
+            if a not in touched:
+                splits[a].add("unused")
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for a in req.machine.mesh:
+        s = splits[a]
+        name = (
+            "data" if s == {"batch"}
+            else "fsdp" if s == {"batch", "param"}
+            else "space" if s == {"space"}
+            else "unused" if s == {"unused"}
+            else "model"
+        )  # fmt: skip
+        # an axis that splits no input splits activations only: model parallelism too
+        k, base = 2, name
+        while name in used:
+            name, k = f"{base}{k}", k + 1
+        used.add(name)
+        out[a] = name
+    return out
+
+
+def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
+    """The best fitting hand-layout seed, priced as ``al.evaluate`` prices its rules (every
+    tensor laid out by the rules, none chosen): (step time, shape result, name, mesh, rules,
+    layouts, priced, axis names), or None. The request's strategies approximate a rule set (an output the
+    rules lay out unlike its op's split), so the plan is never worse than this."""
+    best = None
+    for r in results:
+        for name, c in (r.hand or {}).items():
+            if (
+                getattr(c, "exact", True)
+                and c.fits(limit)
+                and (best is None or c.step_time_s < best[0].step_time_s)
+            ):
+                best = (c, r, name)
+    if best is None:
+        return None
+    c, r, name = best
+    names = _axis_names(g, r, c.choice)
+    mesh = {names[a]: n for a, n in r.mesh.items()}
+    rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
+    rs = RuleSet(g, mesh, rules)
+    layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
+    priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups),
+                   donated=st.donated)  # fmt: skip
+    return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
+
+
+def canonical(req: Request, choice: list[int]) -> list[int]:
+    """``choice`` with ties broken by a fixed order: a node moves to a strategy of lower
+    position where its own price and its reads' cost neither more compute nor more
+    communication, and the peak memory does not grow. Equal-cost layouts are many (a weight kept
+    whole or split where nothing else changes) and the search, on wall-clock time and
+    several workers, lands on a different one on each run; this makes it one where the
+    search ends inside its limits (where a limit binds, ``deterministic=True`` does)."""
+    reads_of: dict[int, list] = {}
+    for r in req.reads:
+        for n in {r.src, *(n for n, _ in r.readers)}:
+            reads_of.setdefault(n, []).append(r)
+
+    def local(n: int) -> tuple[float, float]:
+        c, m = req.node_cost(n, choice[n])
+        for r in reads_of.get(n, ()):
+            src = r.src_map[choice[r.src]]
+            for w in {mp[choice[k]] for k, mp in r.readers}:
+                m += r.count * req.read_cost(r, src, w)
+        return c, m
+
+    choice = list(choice)
+    peak = memory_peak(req, choice)[0]
+    for n in range(len(req.nodes)):
+        now = choice[n]
+        c0, m0 = local(n)
+        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
+        for s in sorted(req.allowed(n)):
+            if s >= now:
+                break
+            choice[n] = s
+            c, m = local(n)
+            if c <= c0 + tol_c and m <= m0 + tol_m:
+                p = memory_peak(req, choice)[0]
+                if p <= peak:
+                    peak = p
+                    break
+            choice[n] = now
+    return choice
+
+
+def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_trace,
+             st: Structure, check_hand: bool = True):  # fmt: skip
+    req = win.request
+    choice = win.best.choice
+    if win.best.source == "ilp" and status != "INFEASIBLE":  # seeds are canonical as written
+        choice = canonical(req, choice)
+    if choice != win.best.choice:
+        mem = memory_peak(req, choice)[0]
+        win.best = Candidate(choice, req.objective(choice), mem, win.best.source)
+    names = _axis_names(g, win, choice)
+    layouts, assigns = req.layouts_of(choice, names), req.assigns_of(choice, names)
+    mesh = {names[a]: n for a, n in win.mesh.items()}
+    for t in g.tensors:
+        if t not in layouts:
+            layouts[t] = ((),) * len(g.tensors[t].shape)
+    priced = price(g, hw, mesh, layouts, assigns, donated=st.donated)
+    rules, exceptions = derive_rules(g, mesh, layouts)
+    hand = None
+    if check_hand and status != "INFEASIBLE":
+        hand = _hand_exactly(g, hw, results, limit, st)
+    source = "search"
+    if hand is not None:
+        mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
+        faster = hand[0] < priced["predicted"]["step_time_s"] * (1 - 1e-9)
+        if hand_mem <= limit and (faster or mem > limit):
+            _, win, name, mesh, rules, layouts, priced, names = hand
+            c = win.hand[name]
+            win.best = Candidate(c.choice, hand[0], hand_mem, name)
+            exceptions = []
+            source = f"hand layout {name!r}: its rules, priced exactly, beat the search's best"
+            status = "FEASIBLE"
+    tried = []
+    for r in results:
+        row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},
+               "status": r.status, "wall_s": r.wall_s, "variables": r.variables,
+               "constraints": r.constraints, "seeds": r.seeds, "note": r.note}  # fmt: skip
+        if r.lower_bound is not None:
+            row["lower_bound_s"] = r.lower_bound
+        if r.best is not None:
+            row["step_time_s"] = r.best.step_time_s
+            row["memory_bytes_per_device"] = r.best.memory_bytes
+            row["fits"] = r.best.fits(limit)
+        row["chosen"] = r is win
+        tried.append(row)
+    solver_source = source
+    priced["predicted"]["memory_limit_bytes"] = limit
+    priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
+    solver = {
+        "status": status,
+        "wall_s": time.perf_counter() - t0,
+        "trace_s": t_trace,
+        "deterministic": clock().deterministic,
+        "variables": win.variables,
+        "constraints": win.constraints,
+        "nodes": len(win.request.nodes),
+        "ops": len(g.ops),
+        "shared": st.share,
+        "objective_s": win.best.step_time_s,
+        "mesh_shapes_tried": tried,
+        "exceptions": [[p, [list(a) for a in lay]] for p, lay in exceptions],
+        "source": solver_source,
+    }
+    if win.least_memory is not None:
+        solver["least_memory_bytes"] = win.least_memory
+    return plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+
+
+def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
+    """Mesh-TF rules that reproduce the inputs' layouts, and the inputs they do not.
+
+    A dim's rule is the mesh axes most of its bytes (over the inputs) are split on, rules
+    ordered by those bytes; an input whose layout the rules (applied in order, as
+    ``al.evaluate`` does) do not give is an exception ``(path, layout)``.
+    """
+    votes: dict[str, dict[tuple[str, ...], int]] = {}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d, axes in zip(tt.dims, layouts[t], strict=True):
+            if d is not None:
+                v = votes.setdefault(d, {})
+                v[tuple(axes)] = v.get(tuple(axes), 0) + tt.nbytes
+    rules = []
+    for d, v in votes.items():
+        axes = max(v, key=lambda a: (v[a], -len(a)))
+        if axes:
+            rules.append((d, axes))
+    rules.sort(key=lambda r: -sum(votes[r[0]].values()))
+    try:
+        rs = RuleSet(g, mesh, rules)
+    except RuleError:
+        rs = None
+    exceptions = []
+    for t in g.inputs:
+        tt = g.tensors[t]
+        if rs is None or rs.layout(tt) != tuple(layouts[t]):
+            exceptions.append((tt.path or t, tuple(tuple(a) for a in layouts[t])))
+    return rules, exceptions
