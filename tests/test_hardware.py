@@ -57,12 +57,33 @@ def test_every_number_in_a_profile_has_a_source_comment():
         ("tpu-v6e-64", 64, (8, 8), (False, False)),
         ("v5litepod-16", 16, (4, 4), (False, False)),
         ("tpu-v4-4x4x8", 128, (4, 4, 8), (True, True, True)),
+        # slices of 4x4x4 cubes that are not powers of two: MaxText's v4-384, PaLM's pods
+        ("tpu-v4-384", 192, (4, 4, 12), (True, True, True)),
+        ("tpu-v4-6144", 3072, (12, 16, 16), (True, True, True)),
+        ("tpu-v5p-768", 384, (4, 8, 12), (True, True, True)),
     ],
 )
 def test_tpu_slice_names(name, devices, shape, wrap):
     hw = al.hardware(name)
     assert hw.num_devices == devices
     assert hw.topology.shape == shape and hw.topology.wraparound == wrap
+
+
+def test_a_non_power_of_two_slice_has_mesh_shapes_and_prices_a_layout():
+    from autolayout.search.meshes import mesh_shapes
+
+    hw = al.hardware("tpu-v4-384")
+    shapes = mesh_shapes(hw)
+    assert {"a": 192} in shapes and {"a": 12, "b": 16} in shapes, shapes
+    import jax.numpy as jnp
+
+    def step(w, x):
+        return jnp.sum(jnp.tanh(x @ w))
+
+    wl = al.Workload(step, (al.spec((512, 512), ("d_in", "d_out")),
+                            al.spec((192 * 4, 512), ("batch", "d_in"))))  # fmt: skip
+    p = al.evaluate(wl, hw, mesh={"data": 192}, rules={"batch": "data"})
+    assert p.predicted["step_time_s"] > 0 and p.devices == 192
 
 
 @pytest.mark.parametrize(

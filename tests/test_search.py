@@ -425,7 +425,9 @@ def test_moe_with_few_experts_and_a_small_ffn_keeps_them_whole():
     slower than FSDP on every mesh shape (the all-to-alls cost more than gathering the small
     expert weights), so the plan keeps the experts whole and moves no tokens."""
     wl = al.load_workload(f"{MODELS}/moe.py", size="base", layers=2, experts=8, d_ff=1024)
-    p = al.plan(wl, "tpu-v4-256", time_limit_s=10)
+    # deterministic: under load the wall-clock search once found a layout 1e-7 s faster with
+    # one small all-to-all (fresh-clone CI, 2026-12-04 evening); the claim is the cost model's
+    p = al.plan(wl, "tpu-v4-256", time_limit_s=10, deterministic=True)
     w1 = next(i for i in p.inputs if i["path"] == "params/layers/0/w1")
     assert w1["dims"][0] == "experts" and not w1["layout"][0], w1
     assert "all-to-all" not in set(p.collectives().kind)

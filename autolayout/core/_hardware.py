@@ -88,7 +88,8 @@ _CHOICES = {
 }
 _ALIASES = {"tpu-v5litepod": "tpu-v5e", "tpu-v5lite": "tpu-v5e", "tpu-trillium": "tpu-v6e"}
 NAMING_RULE = (
-    "names are FAMILY-N: TPU v2/v3/v4/v5p count TensorCores (tpu-v4-256 = 128 chips), "
+    "names are FAMILY-N: TPU v2/v3/v4/v5p count TensorCores (tpu-v4-256 = 128 chips; a "
+    "multiple of 4x4x4 cubes need not be a power of two: tpu-v4-384 = 4x4x12), "
     "v5e/v6e count chips (tpu-v5e-256), a TPU topology may be given as tpu-v4-4x4x8; "
     "GPUs count GPUs (h100-64 = 8 nodes of 8); cpu-N is N local devices; "
     "or a path to a .toml profile"
@@ -329,6 +330,30 @@ def _torus_shape(chips: int, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(s for s in shape if s > 1)) + tuple(ones)
 
 
+def _cube_multiple(chips: int, ndim: int) -> tuple[int, ...] | None:
+    """A slice of 4x4x4 cubes that is not a power of two (v4/v5p: ``tpu-v4-384`` = 4x4x12,
+    the 3072-chip v4 pod PaLM ran on = 12x16x16): every axis a multiple of 4, the most even
+    such shape, smallest axis first; None where there is none."""
+    if chips < 4**ndim or chips % 4**ndim:
+        return None
+    best = None
+
+    def shapes(left: int, k: int, low: int):
+        if k == 1:
+            if left >= low and left % 4 == 0:
+                yield (left,)
+            return
+        for a in range(low, left + 1, 4):
+            if left % a == 0:
+                for rest in shapes(left // a, k - 1, a):
+                    yield (a, *rest)
+
+    for shape in shapes(chips, ndim, 4):
+        if best is None or shape[-1] / shape[0] < best[-1] / best[0]:
+            best = shape
+    return best
+
+
 def _wraparound(prof: dict[str, Any], shape: tuple[int, ...]) -> tuple[bool, ...]:
     ici = prof["ici"]
     if ici["wraparound_rule"] == "cubes":
@@ -357,10 +382,13 @@ def _tpu(name: str, prof: dict[str, Any], where: str, count: str) -> tuple[int, 
             )
         chips = n // per
         if chips & (chips - 1):
-            raise HardwareError(
-                f"hardware {name!r}: {chips} chips is not a power of two; give the topology instead, e.g. {prof['']['family']}-{'x'.join(['4'] * ndim)}"
-            )
-        shape = _torus_shape(chips, ndim)
+            shape = _cube_multiple(chips, ndim) if ici["wraparound_rule"] == "cubes" else None
+            if shape is None:
+                raise HardwareError(
+                    f"hardware {name!r}: {chips} chips is not a power of two; give the topology instead, e.g. {prof['']['family']}-{'x'.join(['4'] * ndim)}"
+                )
+        else:
+            shape = _torus_shape(chips, ndim)
     if chips > naming["max_chips"]:
         raise HardwareError(
             f"hardware {name!r}: {chips} chips exceeds the largest {prof['']['family']} slice ({naming['max_chips']} chips, {where})"
