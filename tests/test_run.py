@@ -72,6 +72,9 @@ def test_plan_with_exceptions_runs_and_is_the_same_on_every_run():
     for q in plans[1:]:
         assert q.layouts == p.layouts and q.mesh == p.mesh
     assert p.outputs and len(p.outputs) == len(p.graph.outputs)
+    ins, outs = p.partition_specs(), p.out_partition_specs()
+    assert outs[0] == ins[0] and outs[1] == ins[1]  # new state in the old state's layout
+    assert al.Plan.from_dict(p.to_dict()).outputs == p.outputs  # and in the plan file
     got = run(p, wl, steps=5).losses
     assert got == pytest.approx(reference_losses(wl, steps=5), rel=1e-5)
     v = al.validate(p).set_index("quantity")
