@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autolayout.core import Plan, Workload, hardware, trace
+from autolayout.core import HardwareError, Plan, Workload, hardware, trace
 from autolayout.cost_models import PROMOTED_ON_CPU
 
 from .apply import apply
@@ -168,7 +168,7 @@ def validate(
         graph = trace(wl)
     try:
         made_for = hardware(plan.hardware).kind
-    except Exception:  # a profile file that is not here: take it as the compile backend's
+    except HardwareError:  # a profile file that is not here: take it as the compile backend's
         made_for = platform
     foreign_cpu = platform == "cpu" and made_for != "cpu"
     sixteen = {t for t, tt in graph.tensors.items() if tt.dtype in PROMOTED_ON_CPU}
