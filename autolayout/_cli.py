@@ -405,11 +405,13 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
         f"{'layout':<14} {'mesh':<22} {'step s':>10} {'exposed comm':>12} {'GiB/dev':>9} "
         f"{'fits':>5} {'MFU':>6}"
     )
-    for r in df.itertuples():
+    for r in df[df.status != "SKIPPED"].itertuples():
         click.echo(
             f"{r.layout:<14} {r.mesh:<22} {r.step_time_s:>10.4g} {r.exposed_comm_share:>12.1%} "
             f"{r.memory_gib:>9.2f} {'yes' if r.fits else 'NO':>5} {r.mfu:>6.3f}"
         )
+    for r in df[df.status == "SKIPPED"].itertuples():
+        click.echo(_fit(f"{r.layout:<14} not priced: {r.note}", _width()))
 
 
 @main.command("report")

@@ -179,15 +179,28 @@ def standard_layout(
 
 def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, int], list]]:
     """Every standard layout that the workload's dims divide on ``devices`` devices."""
-    out = {}
+    return layouts_and_misses(g, devices, **kw)[0]
+
+
+def layouts_and_misses(
+    g: Graph, devices: int, **kw
+) -> tuple[dict[str, tuple[dict[str, int], list]], dict[str, str]]:
+    """``standard_layouts``, and why each of the others is not there."""
+    out, missed = {}, {}
     for name in NAMES:
         try:
             mesh, rules = standard_layout(g, name, devices, **kw)
-        except RuleError:  # no batch dim (batch 1), no conv to split spatially
+        except RuleError as e:  # no batch dim (batch 1), no conv to split spatially
+            missed[name] = str(e)
             continue
-        if all(g.dims[d] % math.prod(mesh[a] for a in axes) == 0 for d, axes in rules):
+        bad = [(d, axes) for d, axes in rules if g.dims[d] % math.prod(mesh[a] for a in axes)]
+        if bad:
+            d, axes = bad[0]
+            n = math.prod(mesh[a] for a in axes)
+            missed[name] = f"dim {d!r} ({g.dims[d]}) does not divide over {'x'.join(axes)} = {n}"
+        else:
             out[name] = (mesh, rules)
-    return out
+    return out, missed
 
 
 def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:

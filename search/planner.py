@@ -33,7 +33,7 @@ from typing import Any
 from autolayout.core import Graph, Hardware, Plan, Workload, gc_paused, hardware, mesh_text, trace
 from autolayout.cost_models import check_mesh, donated_inputs, evaluate
 
-from .baselines import standard_layouts
+from .baselines import layouts_and_misses
 from .clock import Clock, clock, now, using
 from .final import _to_plan
 from .meshes import mesh_shapes
@@ -332,7 +332,9 @@ def compare(
 ):
     """One row per layout: the planner's and each standard one (``search.baselines``), all
     priced by the same cost model. Columns: layout, mesh, status, step_time_s, compute_s,
-    comm_s, exposed_comm_share, memory_gib, fits, mfu."""
+    comm_s, exposed_comm_share, memory_gib, fits, mfu, note (why a layout was skipped: status
+    SKIPPED, where the dims do not divide over the devices or the model has nothing it
+    splits)."""
     import pandas as pd  # heavy (pandas): only where a table is asked for
 
     hw = hardware(hw) if isinstance(hw, str) else hw
@@ -341,7 +343,8 @@ def compare(
     if auto is None:
         auto = plan(workload, hw, time_limit_s=time_limit_s, graph=graph, progress=progress)
     plans = {"auto": auto}
-    for name, (mesh, rules) in standard_layouts(graph, hw.num_devices).items():
+    layouts, missed = layouts_and_misses(graph, hw.num_devices)
+    for name, (mesh, rules) in layouts.items():
         plans[name] = evaluate(workload, hw, mesh=mesh, rules=rules, graph=graph)
     rows = []
     for name, p in plans.items():
@@ -360,6 +363,12 @@ def compare(
                 "memory_gib": s["memory_bytes_per_device"] / 2**30,
                 "fits": bool(s["fits"]),
                 "mfu": s["mfu"],
+                "note": "",
             }
         )
+    nan = float("nan")
+    for name, why in missed.items():  # a layout that cannot be laid on this many devices
+        rows.append({"layout": name, "mesh": "", "status": "SKIPPED", "step_time_s": nan,
+                     "compute_s": nan, "comm_s": nan, "exposed_comm_share": nan,
+                     "memory_gib": nan, "fits": False, "mfu": nan, "note": why})  # fmt: skip
     return pd.DataFrame(rows)

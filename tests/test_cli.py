@@ -182,6 +182,8 @@ def test_compare_table_has_every_layout():
     names = [ln.split()[0] for ln in r.output.splitlines() if ln.strip()]
     rows = names[names.index("layout") + 1 :]
     assert rows[0] == "auto" and {"dp", "fsdp", "megatron"} <= set(rows)
+    # a layout that cannot be laid out says why (DP and FSDP used to vanish silently)
+    assert "spatial        not priced: workload 'mlp': no convolution" in r.output, r.output
 
 
 def test_an_unexpected_failure_is_one_line_not_a_traceback(monkeypatch):
