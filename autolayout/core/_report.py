@@ -211,14 +211,17 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
             key = (_INDEX.sub("*", dim), axes)
             if (key[0], tuple(axes.split("x"))) in rules:
                 continue
-            t = (row.get("compute_s", 0.0) + row.get("comm_s", 0.0)) * row.get("trips", 1)
-            time[key] = time.get(key, 0.0) + t
+            time[key] = time.get(key, 0.0) + _row_time(row)
             count[key] = count.get(key, 0) + 1
-    total = sum((r.get("compute_s", 0.0) + r.get("comm_s", 0.0)) * r.get("trips", 1)
-                for r in plan.ops) or 1.0  # fmt: skip
+    total = sum(_row_time(r) for r in plan.ops) or 1.0
     ranked = [k for k in sorted(time, key=lambda k: -time[k])[:top] if time[k] >= 0.01 * total]
     return [f"{d} -> {a}  ({count[(d, a)]} ops, {time[(d, a)] / total:.0%} of the time)"
             for d, a in ranked]  # fmt: skip
+
+
+def _row_time(row: dict[str, Any]) -> float:
+    """A report row's seconds per step (all its executions)."""
+    return (row.get("compute_s", 0.0) + row.get("comm_s", 0.0)) * row.get("trips", 1)
 
 
 def summary_rows(plan: Plan) -> list[tuple[str, str]]:
