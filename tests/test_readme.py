@@ -69,3 +69,15 @@ def test_readme_commands_run_as_written(shell, k):
     if k == 0:  # the main job: a feasible plan that splits the model
         assert re.search(r"\((OPTIMAL|FEASIBLE|TIMEOUT)\)", out), out
         assert re.search(r"rules \(how the inputs are split\):\n  \w", out), out
+
+
+PYTHON = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if b.startswith("import")]
+
+
+@pytest.mark.parametrize("k", range(len(PYTHON)), ids=[f"python-{k}" for k in range(len(PYTHON))])
+def test_readme_python_blocks_run(monkeypatch, k):
+    """The README's self-contained python blocks (those that start with their imports) run
+    from the repository root; the others continue a block above them (`plan.summary()`)."""
+    assert len(PYTHON) >= 3
+    monkeypatch.chdir(ROOT)
+    exec(compile(PYTHON[k], f"README.md python block {k}", "exec"), {"__name__": "readme"})
