@@ -47,6 +47,9 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
                         splits[a].add("space")
     if quiet:  # an axis no tensor uses at all is marked, not named after a role
         touched = {a for lay in layouts.values() for axes in lay for a in axes}
+        touched |= {  # an op may split a summed dim on it (partial sums): it divides work
+            a for assign in req.assigns_of(choice).values() for axes in assign for a in axes
+        }
         for a in quiet:
             if a not in touched:
                 splits[a].add("unused")
