@@ -24,6 +24,7 @@ from .core import (
     ModelFileError,
     Plan,
     PlanError,
+    axes_in_use,
     collectives_by_kind,
     diff,
     hardware,
@@ -207,7 +208,8 @@ def _summary_lines(plan) -> list[str]:
     gib = 2**30
     w = _width()
     mesh = mesh_text(plan.mesh)
-    unused = [a for a, n in plan.mesh.items() if n > 1 and not _axis_used(plan, a)]
+    used = axes_in_use(plan)
+    unused = [a for a, n in plan.mesh.items() if n > 1 and a not in used]
     lines = [f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})"]
     if unused:
         lines.append(f"  (mesh axis {', '.join(unused)} splits nothing: its devices repeat "
@@ -240,10 +242,6 @@ def _summary_lines(plan) -> list[str]:
         x for line in lines
         for x in (textwrap.wrap(line, w, subsequent_indent="    ") if len(line) > w else [line])
     ]  # fmt: skip
-
-
-def _axis_used(plan, axis: str) -> bool:
-    return any(axis in axes for lay in plan.layouts.values() for axes in lay)
 
 
 @main.command("evaluate")

@@ -39,6 +39,7 @@ from ._layout import replicated as replicated
 from ._layout import split_factor as split_factor
 from ._plan import Plan as Plan
 from ._report import PlanDiff as PlanDiff
+from ._report import axes_in_use as axes_in_use
 from ._report import collectives_by_kind as collectives_by_kind
 from ._report import diff as diff
 from ._report import inner_splits as inner_splits

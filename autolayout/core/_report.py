@@ -206,10 +206,9 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
     time: dict[tuple[str, str], float] = {}
     count: dict[tuple[str, str], int] = {}
     for row in plan.ops:
-        for part in filter(None, (row.get("strategy") or "").split(",")):
-            dim, _, axes = part.rpartition(":")
-            key = (_INDEX.sub("*", dim), axes)
-            if (key[0], tuple(axes.split("x"))) in rules:
+        for dim, axes in _splits(row):
+            key = (_INDEX.sub("*", dim), "x".join(axes))
+            if (key[0], axes) in rules:
                 continue
             time[key] = time.get(key, 0.0) + _row_time(row)
             count[key] = count.get(key, 0) + 1
@@ -217,6 +216,22 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
     ranked = [k for k in sorted(time, key=lambda k: -time[k])[:top] if time[k] >= 0.01 * total]
     return [f"{d} -> {a}  ({count[(d, a)]} ops, {time[(d, a)] / total:.0%} of the time)"
             for d, a in ranked]  # fmt: skip
+
+
+def _splits(row: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """A report row's strategy, ``"batch:data,d_ff:model"``, as (dim, mesh axes) pairs."""
+    out = []
+    for part in filter(None, (row.get("strategy") or "").split(",")):
+        dim, _, axes = part.rpartition(":")
+        out.append((dim, tuple(axes.split("x"))))
+    return out
+
+
+def axes_in_use(plan: Plan) -> set[str]:
+    """The mesh axes that split something: a tensor's layout, or an op's work (an op may
+    split a summed dim, whose partial results no tensor keeps)."""
+    used = {a for lay in plan.layouts.values() for axes in lay for a in axes}
+    return used | {a for row in plan.ops for _, axes in _splits(row) for a in axes}
 
 
 def _row_time(row: dict[str, Any]) -> float:
