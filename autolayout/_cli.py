@@ -38,7 +38,7 @@ from .core import (
     top_ops,
     trace,
 )
-from .cost_models import evaluate
+from .cost_models import evaluate, kernel_notes
 from .runtime import init_distributed, run, validate
 from .search import compare as search_compare
 from .search import plan as search_plan
@@ -376,6 +376,8 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
                 err=True,
             )
     _print_plan(p, out)
+    for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
+        click.echo(f"note: {note}")
     tried = p.solver["mesh_shapes_tried"]
     count = {k: sum(r["status"] in ks for r in tried) for k, ks in (
         ("solved by the ILP", ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE")),

@@ -7,6 +7,7 @@ strategies and resharding (``sharding``), Mesh-TF rules (``rules``), a whole ste
 
 from .collectives import collective_time as collective_time
 from .collectives import place_mesh as place_mesh
+from .compute import kernel_notes as kernel_notes
 from .compute import op_time as op_time
 from .compute import peak_flops as peak_flops
 from .memory import aliased_outputs as aliased_outputs

@@ -9,9 +9,17 @@ priced by their bytes alone, as XLA fuses them into their neighbours' memory tra
 
 from __future__ import annotations
 
-from autolayout.core import Hardware, HardwareError
+from autolayout.core import (
+    ATTENTION_BWD,
+    ATTENTION_BWD_FLOPS,
+    ATTENTION_FWD,
+    Graph,
+    Hardware,
+    HardwareError,
+)
 
 MATRIX_OPS = frozenset({"dot_general", "conv_general_dilated"})
+ATTENTION_OPS = frozenset(ATTENTION_FWD + ATTENTION_BWD)  # fused: priced as one kernel each
 _DTYPE_KEYS = {
     "bfloat16": ("bf16",),
     "float16": ("fp16", "bf16"),
@@ -47,9 +55,46 @@ def peak_flops(hw: Hardware, dtype: str) -> float:
 
 
 def op_time(hw: Hardware, primitive: str, flops: float, nbytes: float, dtype: str) -> float:
-    """Seconds for one op on one device: its local FLOPs and HBM bytes on the roofline."""
+    """Seconds for one op on one device: its local FLOPs and HBM bytes on the roofline.
+
+    A fused attention kernel runs at the profile's ``efficiency.attention`` of peak (flash
+    kernels keep the scores on chip, and run below a plain matmul's rate: the softmax
+    between the two matmuls), plus ``attention_call_s`` per forward+backward pair, shared
+    between the two kernels by their FLOPs (fitted on one H200: docs/decisions.md).
+    """
     e = hw.efficiency
     memory = nbytes / (hw.chip.hbm_bandwidth * e.memory)
+    if primitive in ATTENTION_OPS:
+        share = (ATTENTION_BWD_FLOPS if primitive in ATTENTION_BWD else 1.0) / (
+            1.0 + ATTENTION_BWD_FLOPS
+        )
+        rate = peak_flops(hw, dtype) * (e.attention if e.attention is not None else e.matmul)
+        return max(flops / rate, memory) + e.attention_call_s * share
     if primitive not in MATRIX_OPS or flops <= 0:
         return memory
     return max(flops / (peak_flops(hw, dtype) * e.matmul), memory)
+
+
+def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
+    """What the plan assumes of the fused kernels the step calls, where it is not measured
+    or not what this hardware runs (printed with the plan)."""
+    n = sum(op.primitive in ATTENTION_OPS for op in g.ops)
+    if not n:
+        return []
+    e = hw.efficiency
+    rate = (
+        f"{e.attention} of peak"
+        if e.attention is not None
+        else f"the matmul efficiency {e.matmul} (not measured for attention)"
+    )
+    if hw.kind != "gpu":
+        return [
+            f"the step calls cuDNN attention ({n} kernels), which runs only on NVIDIA GPUs: "
+            f"priced as {hw.kind.upper()} fused attention at {rate}; on a TPU call a Pallas "
+            "flash/splash kernel (jax.experimental.pallas.ops.tpu) to run it"
+        ]
+    if e.attention is None:
+        return [
+            f"cuDNN attention ({n} kernels) priced at {rate}: set efficiency.attention in {hw.source}"
+        ]
+    return []

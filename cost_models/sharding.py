@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 
 from autolayout.core import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
     ELEMENTWISE,
     LOOP_OPS,
     Graph,
@@ -38,6 +40,7 @@ from autolayout.core import (
     Layout,
     Op,
     Tensor,
+    attention_axes,
     local_bytes,
     local_shape,
     per_graph,
@@ -46,7 +49,7 @@ from autolayout.core import (
 )
 
 from .collectives import Segment, collective_time, group_segments, place_mesh
-from .compute import MATRIX_OPS, op_time
+from .compute import ATTENTION_OPS, MATRIX_OPS, op_time
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -222,6 +225,17 @@ def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
                 fixed.add((ins[1], s["rhs"]))
             else:  # "kernel": the weight gradient's window axis stays whole
                 fixed.add((op.outputs[0], s["out"]))
+    elif p in ATTENTION_FWD or p in ATTENTION_BWD:  # cuDNN splits batch and heads only
+        ax = attention_axes(op.param("layout", 0))
+        like_q, like_k, stat = _attention_roles(op)
+        for t in like_q + like_k:
+            fixed.update({(t, ax["t"]), (t, ax["h"])})
+        if stat is not None:
+            fixed.add((stat, 2))
+        qk = set(like_q + like_k) | {stat}
+        fixed.update(
+            (t, a) for t in op_tensors(op) if t not in qk for a in range(len(g.tensors[t].shape))
+        )
     elif p == "dynamic_update_slice":
         op_shape, up_shape = g.tensors[ins[0]].shape, g.tensors[ins[1]].shape
         fixed.update((ins[0], a) for a in range(len(op_shape)) if op_shape[a] != up_shape[a])
@@ -273,6 +287,23 @@ def _conv_joins(g: Graph, op: Op) -> list[tuple[tuple[str, int], tuple[str, int]
         elif form == "kernel":
             joins.append(((lhs, s["lhs"]), (rhs, s["rhs"])))
     return joins
+
+
+def _attention_roles(op: Op) -> tuple[list[str], list[str], str | None]:
+    """A cuDNN attention op's tensors laid out like q (q, o, do, dq), like k (k, v, dk, dv),
+    and its softmax statistics (see ``_dim_rules._attention``)."""
+    ins, outs = op.inputs, op.outputs
+    if op.param("phase") == "bwd":
+        return [ins[0], ins[-2], ins[-1], outs[0]], [ins[1], ins[2], *outs[1:3]], ins[-3]
+    return [ins[0], outs[0]], [ins[1], ins[2]], (outs[1] if len(outs) > 1 else None)
+
+
+def _attention_joins(op: Op) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """Grouped-query attention's kv heads split with the query heads (cuDNN's rule: q, k and v
+    alike), though their sizes differ."""
+    n = attention_axes(op.param("layout", 0))["n"]
+    like_q, like_k, _ = _attention_roles(op)
+    return [((like_q[0], n), (t, n)) for t in like_k]
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,6 +523,8 @@ def _op_groups(g: Graph, op: Op) -> list[Group]:
     links = list(op.links)
     if op.primitive == "conv_general_dilated":
         links += _conv_joins(g, op)
+    elif op.primitive in ATTENTION_FWD or op.primitive in ATTENTION_BWD:
+        links += _attention_joins(op)
     for link in links:
         live = [k for k in link if k in parent]
         for k in live[1:]:
@@ -693,7 +726,7 @@ def op_cost(
         nbytes = 0.0
     else:
         nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
-        if op.primitive in MATRIX_OPS:
+        if op.primitive in MATRIX_OPS or op.primitive in ATTENTION_OPS:
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
     dtype = g.tensors[op.inputs[0]].dtype if op.inputs else "float32"
     compute = (

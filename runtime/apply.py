@@ -21,6 +21,9 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autolayout.core import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    Graph,
     MeshError,
     Plan,
     PlanError,
@@ -168,6 +171,20 @@ class _Interpreter:
         return list(jax.lax.switch(ins[0], branches, *ins[1:]))
 
 
+def check_kernels(graph: Graph, mesh: Mesh) -> None:
+    """Refuses, in one line, a step that calls a kernel these devices cannot compile: cuDNN
+    attention traces anywhere (a plan for GPUs is made on any machine) but runs on NVIDIA
+    GPUs only."""
+    platform = mesh.devices.flat[0].platform
+    cudnn = [op.name for op in graph.ops if op.primitive in ATTENTION_FWD + ATTENTION_BWD]
+    if cudnn and platform not in ("gpu", "cuda"):
+        raise PlanError(
+            f"the step calls cuDNN attention (jax.nn.dot_product_attention(implementation="
+            f"'cudnn'), {len(cudnn)} ops), which runs only on NVIDIA GPUs, and these devices are "
+            f"{platform}; to run it here call it with implementation='xla' (or None)"
+        )
+
+
 def check_inputs(plan: Plan, leaves: Sequence[Any], paths: Sequence[str]) -> None:
     """Refuses arguments that are not the ones the plan was made for."""
     if len(leaves) != len(plan.inputs):
@@ -211,6 +228,7 @@ def apply(
     paths = [path_str(p, wl.argnames) for p, _ in flat]
     check_inputs(plan, [leaf for _, leaf in flat], paths)
     graph, closed, visits = trace_with_jaxpr(wl_fn)
+    check_kernels(graph, mesh)
     if not plan.layouts:
         raise PlanError(f"the plan for {plan.model!r} holds no tensor layouts; re-run the planner")
     missing = [t for t in graph.tensors if t not in plan.layouts]

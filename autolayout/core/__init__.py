@@ -3,7 +3,11 @@ workloads, hardware profiles, layouts, and ``Plan`` (a layout with its predictio
 with the reports over it). Nothing here imports ``cost_models``, ``search`` or
 ``runtime``; what those folders use of it is exported here."""
 
+from ._dim_rules import ATTENTION_BWD as ATTENTION_BWD
+from ._dim_rules import ATTENTION_BWD_FLOPS as ATTENTION_BWD_FLOPS
+from ._dim_rules import ATTENTION_FWD as ATTENTION_FWD
 from ._dim_rules import ELEMENTWISE as ELEMENTWISE
+from ._dim_rules import attention_axes as attention_axes
 from ._errors import AutolayoutError as AutolayoutError
 from ._errors import HardwareError as HardwareError
 from ._errors import LayoutError as LayoutError

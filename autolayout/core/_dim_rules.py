@@ -419,3 +419,71 @@ def _scatter(b, eqn, ins, outs):
         b.link((operand, od), (indices, id_))
     params = {"scattered_axes": tuple(dn.scatter_dims_to_operand_dims)}
     return params, float(_size(b.shape(updates)))
+
+
+# --- fused attention kernels ------------------------------------------------------------------
+
+# JAX's cuDNN flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``):
+# one kernel forward, one backward; the scores never reach HBM.
+ATTENTION_FWD = ("dot_product_attention_fwd_wrapper", "dot_product_attention_fwd")
+ATTENTION_BWD = ("dot_product_attention_bwd_wrapper", "dot_product_attention_bwd")
+ATTENTION_BWD_FLOPS = 2.5  # the backward's matmuls per forward matmul: 5 against 2 (flash)
+
+
+def attention_axes(layout: int) -> dict[str, int]:
+    """Axis positions of q/k/v/o in cuDNN's layouts (0: ``BTNH``, 1: ``BNTH``)."""
+    return {"b": 0, "t": 2, "n": 1, "h": 3} if layout == 1 else {"b": 0, "t": 1, "n": 2, "h": 3}
+
+
+def attention_keys(t: int, s: int, causal: bool, window: int | None) -> float:
+    """Keys one query attends to on average (a causal kernel skips the masked half)."""
+    if window:
+        return float(min(window, s))
+    if causal:
+        return (s + 1) / 2 if t == s else max(1.0, s - t / 2)
+    return float(s)
+
+
+@register(*ATTENTION_FWD, *ATTENTION_BWD)
+def _attention(b, eqn, ins, outs):
+    """q ``[B, T, N, H]``, k and v ``[B, S, K, H]`` (K divides N: grouped-query attention), the
+    output like q, the softmax statistics ``[B, N, T]``; the backward reads q, k, v, the
+    statistics, the output and its cotangent and writes dq, dk, dv (and the bias's). Batch
+    and heads split (cuDNN's partitioning rule allows no other), so k's heads are joined to
+    q's by the cost model, not linked (sizes differ under GQA)."""
+    p = eqn.params
+    ax = attention_axes(int(p["layout"]))
+    bwd = eqn.primitive.name in ATTENTION_BWD
+    q, k, v = ins[:3]
+    qs, ks = b.shape(q), b.shape(k)
+    batch, t, n, h = (qs[ax[x]] for x in "btnh")
+    s = ks[ax["t"]]
+    like_q = [q, outs[0]] + ([ins[-2], ins[-1]] if bwd else [])  # o, do (bwd)
+    like_k = [k, v] + (list(outs[1:3]) if bwd else [])
+    stat = ins[-3] if bwd else (outs[1] if len(outs) > 1 else None)
+    b.link(*[(x, ax["b"]) for x in like_q + like_k], *([(stat, 0)] if stat is not None else []))
+    b.link(*[(x, ax["t"]) for x in like_q], *([(stat, 2)] if stat is not None else []))
+    heads_k = [(x, ax["n"]) for x in like_k]
+    if ks[ax["n"]] == n:  # multi-head: one heads dim; grouped-query: joined by the cost model
+        b.link(
+            *[(x, ax["n"]) for x in like_q], *([(stat, 1)] if stat is not None else []), *heads_k
+        )
+    else:
+        b.link(*[(x, ax["n"]) for x in like_q], *([(stat, 1)] if stat is not None else []))
+        b.link(*heads_k)
+    b.link(*[(x, ax["t"]) for x in like_k])
+    b.link(*[(x, ax["h"]) for x in like_q + like_k])
+    mask = str(p.get("mask_type", ""))
+    causal = "CAUSAL" in mask.upper()
+    window = p.get("sliding_window_length")
+    has_bias = bool(p.get("variadic_args", (False, False))[0])
+    params = {
+        "kernel": "cudnn",
+        "phase": "bwd" if bwd else "fwd",
+        "causal": causal,
+        "window": int(window) if window else None,
+        "bias": has_bias,
+        "layout": int(p["layout"]),
+    }
+    flops = 4.0 * batch * n * t * attention_keys(t, s, causal, params["window"]) * h
+    return params, flops * (ATTENTION_BWD_FLOPS if bwd else 1.0)

@@ -41,6 +41,16 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
         "collective": ("frac", "achieved fraction of link bandwidth in collectives", True),
         "overlap": ("frac", "fraction of communication hidden behind compute", True),
         "memory_headroom": ("frac", "fraction of HBM a plan may use", True),
+        "attention": (
+            "frac",
+            "fraction of peak FLOP/s a fused attention kernel reaches (default: matmul)",
+            False,
+        ),
+        "attention_call_s": (
+            "num",
+            "seconds a fused attention forward+backward costs beyond its FLOPs",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -111,6 +121,8 @@ class Efficiency:
     collective: float
     overlap: float
     memory_headroom: float
+    attention: float | None = None  # fused attention kernels' fraction of peak; None: matmul's
+    attention_call_s: float = 0.0  # per forward+backward pair, beyond the FLOPs (launch, tails)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +207,11 @@ class Hardware:
             f"  efficiency   matmul {e.matmul}, memory {e.memory}, collective {e.collective}, "
             f"overlap {e.overlap}, HBM headroom {e.memory_headroom}"
         )
+        if e.attention is not None:
+            lines.append(
+                f"  attention    fused kernels at {e.attention} of peak, "
+                f"+{e.attention_call_s * 1e3:.2f} ms a forward+backward"
+            )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
 
@@ -431,7 +448,10 @@ def _build(
         dict(c["peak_flops"]), c["hbm_bytes"], c["hbm_bandwidth"], c.get("cores_per_chip", 1)
     )
     e = prof["efficiency"]
-    eff = Efficiency(e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"])
+    eff = Efficiency(
+        e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"],
+        e.get("attention"), e.get("attention_call_s", 0.0),
+    )  # fmt: skip
     if count is None:
         if "devices" not in top:
             if kind == "tpu" and not file:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention  # (jax is pinned)
 from jax.extend.core import Literal
 
 from ._builder import _Builder
@@ -426,6 +427,35 @@ def gc_paused():
             _gc.collect(0)
 
 
+ASSUMED_CUDNN = 91000  # the cuDNN version a trace on a machine without one assumes (9.10)
+
+
+@contextlib.contextmanager
+def gpu_kernels_traceable():
+    """JAX's cuDNN attention (``jax.nn.dot_product_attention(implementation="cudnn")``) asks
+    for cuDNN while it is traced, so a step written for NVIDIA GPUs would not trace on the
+    laptop that plans it. Inside this block a machine without cuDNN answers as one with
+    cuDNN 9.10 would: the step traces to JAX's own attention primitives (they compile only
+    on a GPU, where the real check runs)."""
+    fa = _cudnn_attention
+    real = getattr(fa, "check_cudnn_version", None)
+    if real is None:  # another jax: its own check stands
+        yield
+        return
+
+    def check() -> int:
+        try:
+            return real()
+        except RuntimeError:
+            return ASSUMED_CUDNN
+
+    fa.check_cudnn_version = check
+    try:
+        yield
+    finally:
+        fa.check_cudnn_version = real
+
+
 def trace(workload: Workload) -> Graph:
     """Traces a workload's whole train step into a :class:`Graph` over named dims.
 
@@ -459,7 +489,8 @@ def trace_with_jaxpr(
 def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dict[tuple, tuple]]:
     leaves = jax.tree_util.tree_flatten_with_path(workload.args)[0]
     try:
-        closed = jax.make_jaxpr(workload.fn)(*workload.args)
+        with gpu_kernels_traceable():
+            closed = jax.make_jaxpr(workload.fn)(*workload.args)
     except Exception as e:
         raise TraceError(
             f"jax.make_jaxpr of workload {workload.name!r} failed: {type(e).__name__}: {e}"

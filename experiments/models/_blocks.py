@@ -45,25 +45,61 @@ def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def attention_specs(d: int, h: int, k: int, dt: Any) -> dict:
-    """``wq/wk/wv [d_model, heads, head_dim]`` and ``wo [heads, head_dim, d_model]``."""
-    qkv = al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt)
+def attention_specs(d: int, h: int, k: int, dt: Any, kv_heads: int | None = None) -> dict:
+    """``wq [d_model, heads, head_dim]``, ``wk/wv [d_model, kv_heads, head_dim]`` (``heads``
+    without grouped-query attention) and ``wo [heads, head_dim, d_model]``."""
+    q = al.spec((d, h, k), ("d_model", "heads", "head_dim"), dt)
+    kv = q if not kv_heads else al.spec((d, kv_heads, k), ("d_model", "kv_heads", "head_dim"), dt)
     return {
-        "wq": qkv,
-        "wk": qkv,
-        "wv": qkv,
+        "wq": q,
+        "wk": kv,
+        "wv": kv,
         "wo": al.spec((h, k, d), ("heads", "head_dim", "d_model"), dt),
     }
 
 
+ATTENTION = ("naive", "xla", "cudnn")
+
+
+def rope(x: jax.Array) -> jax.Array:
+    """Rotary position embedding of ``x [batch, seq, heads, head_dim]`` (halves rotated)."""
+    s, k = x.shape[1], x.shape[-1]
+    inv = 1.0 / (10000.0 ** (jnp.arange(0, k // 2, dtype=jnp.float32) / (k // 2)))
+    ang = jnp.arange(s, dtype=jnp.float32)[:, None] * inv[None, :]
+    cos, sin = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
 def attention(
-    x: jax.Array, p: dict, *, kv: jax.Array | None = None, causal: bool = False
+    x: jax.Array,
+    p: dict,
+    *,
+    kv: jax.Array | None = None,
+    causal: bool = False,
+    kind: str = "naive",
+    rotary: bool = False,
 ) -> jax.Array:
-    """Multi-head attention; weights ``wq/wk/wv [d_model, heads, head_dim]``, ``wo [heads, head_dim, d_model]``."""
+    """Multi-head (or grouped-query) attention; weights as :func:`attention_specs` makes them.
+
+    ``kind``: ``naive`` materialises the scores with einsums (what the H200 table measured),
+    ``xla`` and ``cudnn`` call ``jax.nn.dot_product_attention`` with that implementation
+    (cuDNN flash attention runs on NVIDIA GPUs only; the planner prices it anywhere)."""
+    if kind not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {kind!r}")
     src = x if kv is None else kv
     q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
     k = jnp.einsum("btd,dhk->bthk", src, p["wk"])
     v = jnp.einsum("btd,dhk->bthk", src, p["wv"])
+    if rotary:
+        q, k = rope(q), rope(k)
+    if kind != "naive":
+        impl = None if kind == "xla" else "cudnn"
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
+        return jnp.einsum("bshk,hkd->bsd", out, p["wo"])
+    if k.shape[2] != q.shape[2]:  # grouped-query: each kv head serves heads / kv_heads queries
+        k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
+        v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
     scores = jnp.einsum("bshk,bthk->bhst", q, k) / jnp.sqrt(q.shape[-1]).astype(x.dtype)
     if causal:
         s, t = scores.shape[-2:]

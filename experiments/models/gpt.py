@@ -6,7 +6,12 @@
 Options: ``size`` (a preset below), any of its fields to override (``layers``, ``d_model``,
 ``heads``, ``head_dim``, ``d_ff``, ``vocab``, ``seq``, ``batch``), ``mlp`` (gelu, relu, swiglu),
 ``remat`` (none, minimal, full), ``scan`` (stack the layers with ``lax.scan``), ``dtype``
-(float32 for tiny, bfloat16 for the others by default).
+(float32 for the tiny sizes, bfloat16 for the others by default), ``attention`` (``naive``:
+einsums that materialise the scores; ``xla`` / ``cudnn``: ``jax.nn.dot_product_attention``
+with that implementation, cuDNN's flash kernel running on NVIDIA GPUs only). The ``llama*``
+sizes are Llama's block: grouped-query attention (``kv_heads``), rotary positions, SwiGLU:
+
+    autolayout plan experiments/models/gpt.py --hw h100-64 --set size=llama3-8b --set scan=true --set attention=cudnn
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ SIZES = {
     "gpt3-6.7b": dict(layers=32, d_model=4096, heads=32, head_dim=128, d_ff=16384, vocab=50304, seq=2048, batch=1024),
     "gpt3-13b": dict(layers=40, d_model=5120, heads=40, head_dim=128, d_ff=20480, vocab=50304, seq=2048, batch=1024),
     "gpt3-175b": dict(layers=96, d_model=12288, heads=96, head_dim=128, d_ff=49152, vocab=50304, seq=2048, batch=1536),
+    # Llama 3 (Dubey et al. 2024, Table 3); batch 128 x 8192 = 1M tokens
+    "llama-tiny": dict(layers=2, d_model=64, heads=4, kv_heads=2, head_dim=16, d_ff=192, vocab=512, seq=32, batch=8),
+    "llama3-8b": dict(layers=32, d_model=4096, heads=32, kv_heads=8, head_dim=128, d_ff=14336, vocab=128256, seq=8192, batch=128),
+    "llama3-70b": dict(layers=80, d_model=8192, heads=64, kv_heads=8, head_dim=128, d_ff=28672, vocab=128256, seq=8192, batch=256),
 }
 # fmt: on
 
@@ -41,7 +50,7 @@ def layer_specs(c: dict, mlp: str, dt) -> dict:
     d, h, k, f = c["d_model"], c["heads"], c["head_dim"], c["d_ff"]
     p = {
         "ln1": al.spec((d,), ("d_model",), dt),
-        **nn.attention_specs(d, h, k, dt),
+        **nn.attention_specs(d, h, k, dt, c.get("kv_heads") or None),
         "ln2": al.spec((d,), ("d_model",), dt),
         "w1": al.spec((d, f), ("d_model", "d_ff"), dt),
         "w2": al.spec((f, d), ("d_ff", "d_model"), dt),
@@ -51,8 +60,8 @@ def layer_specs(c: dict, mlp: str, dt) -> dict:
     return p
 
 
-def block(x, p, mlp: str):
-    x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True)
+def block(x, p, mlp: str, attention: str = "naive", rotary: bool = False):
+    x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True, kind=attention, rotary=rotary)
     return x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, mlp)
 
 
@@ -62,15 +71,19 @@ def workload(
     remat: str = "none",
     scan: bool = False,
     dtype: str | None = None,
+    attention: str = "naive",
     **overrides,
 ) -> al.Workload:
-    c = nn.config(SIZES, size, overrides, "size, mlp, remat, scan, dtype")
-    dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    c = nn.config(SIZES, size, overrides, "size, mlp, remat, scan, dtype, attention")
+    llama = size.startswith("llama")
+    if llama:  # Llama's block: grouped-query attention, rotary positions, SwiGLU
+        mlp = "swiglu"
+    dt = nn.dtype_of(dtype or ("float32" if size in ("tiny", "llama-tiny") else "bfloat16"))
     L, d, V, S, B = c["layers"], c["d_model"], c["vocab"], c["seq"], c["batch"]
     layer = layer_specs(c, mlp, dt)
     params = {
         "embed": al.spec((V, d), ("vocab", "d_model"), dt),
-        "pos": al.spec((S, d), ("seq", "d_model"), dt),
+        **({} if llama else {"pos": al.spec((S, d), ("seq", "d_model"), dt)}),
         "layers": nn.stack(layer, L) if scan else [layer] * L,
         "ln_f": al.spec((d,), ("d_model",), dt),
         "unembed": al.spec((d, V), ("d_model", "vocab"), dt),
@@ -79,10 +92,12 @@ def workload(
         "tokens": al.spec((B, S), ("batch", "seq"), jnp.int32),
         "targets": al.spec((B, S), ("batch", "seq"), jnp.int32),
     }
-    body = nn.remat(lambda x, p: block(x, p, mlp), remat)
+    body = nn.remat(lambda x, p: block(x, p, mlp, attention, rotary=llama), remat)
 
     def loss_fn(params, batch):
-        x = params["embed"][batch["tokens"]] + params["pos"][None]
+        x = params["embed"][batch["tokens"]]
+        if not llama:
+            x = x + params["pos"][None]
         if scan:
             with jax.named_scope("layers"):
                 x, _ = lax.scan(lambda x, p: (body(x, p), None), x, params["layers"])
@@ -97,7 +112,8 @@ def workload(
         toks = np.asarray(rng.integers(0, V, (B, S + 1)), jnp.int32)
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
-    options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name, **c)
+    options = dict(size=size, mlp=mlp, remat=remat, scan=scan, dtype=jnp.dtype(dt).name,
+                   attention=attention, **c)  # fmt: skip
     return al.train_workload(
         loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"gpt-{size}", options=options
     )

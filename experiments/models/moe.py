@@ -58,9 +58,13 @@ def moe_ffn(x, p, capacity: int):
 
 
 def workload(
-    size: str = "tiny", capacity_factor: float = 1.25, dtype: str | None = None, **overrides
+    size: str = "tiny",
+    capacity_factor: float = 1.25,
+    dtype: str | None = None,
+    attention: str = "naive",
+    **overrides,
 ) -> al.Workload:
-    c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype")
+    c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype, attention")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, E, V, S, B = (
         c[n]
@@ -101,7 +105,7 @@ def workload(
         aux = 0.0
         for i, p in enumerate(params["layers"]):
             with jax.named_scope(f"layers.{i}"):
-                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True)
+                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True, kind=attention)
                 y, balance = moe_ffn(nn.rms_norm(x, p["ln2"]), p, capacity)
                 x, aux = x + y, aux + balance
         logits = jnp.einsum("bsd,dv->bsv", nn.rms_norm(x, params["ln_f"]), params["unembed"])
@@ -112,8 +116,9 @@ def workload(
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(
-        size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity, **c
-    )
+        size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity,
+        attention=attention, **c,
+    )  # fmt: skip
     return al.train_workload(
         loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"moe-{size}", options=options
     )

@@ -26,8 +26,10 @@ SIZES = {
 # fmt: on
 
 
-def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Workload:
-    c = nn.config(SIZES, size, overrides, "size, dtype")
+def workload(
+    size: str = "tiny", dtype: str | None = None, attention: str = "naive", **overrides
+) -> al.Workload:
+    c = nn.config(SIZES, size, overrides, "size, dtype, attention")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, V = (c[n] for n in ("layers", "d_model", "heads", "head_dim", "d_ff", "vocab"))
     Se, Sd, B = c["enc_seq"], c["dec_seq"], c["batch"]
@@ -59,14 +61,18 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
         x = params["embed"][batch["inputs"]]
         for i, p in enumerate(params["encoder"]):
             with jax.named_scope(f"encoder.{i}"):
-                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"])
+                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"], kind=attention)
                 x = x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, "relu")
         memory = nn.rms_norm(x, params["enc_ln"])
         y = params["embed"][batch["targets_in"]]
         for i, p in enumerate(params["decoder"]):
             with jax.named_scope(f"decoder.{i}"):
-                y = y + nn.attention(nn.rms_norm(y, p["ln1"]), p["self"], causal=True)
-                y = y + nn.attention(nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory)
+                y = y + nn.attention(
+                    nn.rms_norm(y, p["ln1"]), p["self"], causal=True, kind=attention
+                )
+                y = y + nn.attention(
+                    nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory, kind=attention
+                )
                 y = y + nn.mlp(nn.rms_norm(y, p["ln3"]), p, "relu")
         logits = jnp.einsum("bsd,vd->bsv", nn.rms_norm(y, params["dec_ln"]), params["embed"])
         return nn.cross_entropy(logits, batch["targets"])
@@ -76,7 +82,7 @@ def workload(size: str = "tiny", dtype: str | None = None, **overrides) -> al.Wo
         inputs = np.asarray(rng.integers(0, V, (B, Se)), jnp.int32)
         return {"inputs": inputs, "targets_in": tgt[:, :-1], "targets": tgt[:, 1:]}
 
-    options = dict(size=size, dtype=jnp.dtype(dt).name, **c)
+    options = dict(size=size, dtype=jnp.dtype(dt).name, attention=attention, **c)
     return al.train_workload(
         loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"t5-{size}", options=options
     )

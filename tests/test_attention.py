@@ -1,0 +1,111 @@
+"""cuDNN flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``) as the
+planner sees it: traced on a machine without cuDNN, one fused kernel forward and one
+backward, split over batch and heads only, priced at the profile's attention efficiency,
+and refused in one line where it cannot run."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autolayout as al
+from autolayout.core import ATTENTION_BWD, ATTENTION_FWD
+from autolayout.cost_models import kernel_notes, op_time
+
+B, T, N, K, H, D = 4, 128, 8, 2, 32, 256
+
+
+def _step(impl):
+    def step(wq, wk, wv, x):
+        def loss(wq, wk, wv):
+            q = jnp.einsum("btd,dnh->btnh", x, wq)
+            k = jnp.einsum("btd,dnh->btnh", x, wk)
+            v = jnp.einsum("btd,dnh->btnh", x, wv)
+            o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+            return jnp.sum(o.astype(jnp.float32) ** 2)
+
+        return jax.grad(loss, argnums=(0, 1, 2))(wq, wk, wv)
+
+    bf = jnp.bfloat16
+    args = (al.spec((D, N, H), ("d_model", "heads", "head_dim"), bf),
+            al.spec((D, K, H), ("d_model", "kv_heads", "head_dim"), bf),
+            al.spec((D, K, H), ("d_model", "kv_heads", "head_dim"), bf),
+            al.spec((B, T, D), ("batch", "seq", "d_model"), bf))  # fmt: skip
+    return al.Workload(step, args, name=f"attention-{impl}")
+
+
+def _kernels(g):
+    return [op for op in g.ops if op.primitive in ATTENTION_FWD + ATTENTION_BWD]
+
+
+def _splits(plan, op):
+    row = next(r for r in plan.ops if r["op"] == op.name)
+    return dict(kv.split(":") for kv in row["strategy"].split(",") if kv)
+
+
+def test_cudnn_attention_traces_here_as_two_fused_kernels():
+    g = al.trace(_step("cudnn"))
+    fwd, bwd = _kernels(g)
+    assert (fwd.param("phase"), bwd.param("phase")) == ("fwd", "bwd")
+    assert fwd.param("causal") and not g.opaque
+    # a causal kernel skips the masked half: 4 B N T (T+1)/2 H forward, 2.5x that backward
+    assert fwd.flops == pytest.approx(4 * B * N * T * (T + 1) / 2 * H)
+    assert bwd.flops == pytest.approx(2.5 * fwd.flops)
+    # no [B, N, T, T] scores anywhere in the step
+    assert not any(math.prod(t.shape) >= B * N * T * T for t in g.tensors.values())
+
+
+def test_xla_attention_stays_its_ops():
+    g = al.trace(_step(None))
+    assert not _kernels(g)
+    assert any(math.prod(t.shape) >= B * N * T * T for t in g.tensors.values())
+
+
+def test_only_batch_and_heads_split_and_kv_heads_follow_the_query_heads():
+    g = al.trace(_step("cudnn"))
+    p = al.evaluate(_step("cudnn"), "h200-4", mesh={"data": 2, "model": 2},
+                    rules={"batch": "data", "heads": "model", "kv_heads": "model"},
+                    graph=g)  # fmt: skip
+    for op in _kernels(g):
+        assert _splits(p, op) == {"batch": "data", "heads": "model"}
+    # splitting the sequence is not what cuDNN's partitioning allows: the kernel reads it whole
+    p2 = al.evaluate(_step("cudnn"), "h200-4", mesh={"seq": 4}, rules={"seq": "seq"}, graph=g)
+    for op in _kernels(g):
+        assert _splits(p2, op) == {}
+
+
+def test_fused_kernel_time_is_the_profiles_attention_rate():
+    hw = al.hardware("h200-1")
+    e = hw.efficiency
+    f = 1e12
+    got = op_time(hw, ATTENTION_FWD[0], f, 0.0, "bfloat16") + op_time(
+        hw, ATTENTION_BWD[0], 2.5 * f, 0.0, "bfloat16"
+    )
+    assert got == pytest.approx(3.5 * f / (9.89e14 * e.attention) + e.attention_call_s)
+
+
+def test_notes_say_what_a_tpu_plan_assumes():
+    g = al.trace(_step("cudnn"))
+    assert kernel_notes(g, al.hardware("h200-8")) == []
+    (note,) = kernel_notes(g, al.hardware("tpu-v5p-16"))
+    assert "only on NVIDIA GPUs" in note and "Pallas" in note
+
+
+def test_applying_cudnn_attention_on_cpu_is_refused_in_one_line():
+    wl = _step("cudnn")
+    p = al.evaluate(wl, "cpu-4", mesh={"data": 4}, rules={"batch": "data"})
+    with pytest.raises(al.PlanError, match="runs only on NVIDIA GPUs.*implementation='xla'"):
+        al.apply(p, wl.fn, jax.devices()[:4])
+
+
+def test_llama_with_cudnn_attention_needs_far_less_memory_than_naive_attention():
+    """The gap the kernel makes: the same Llama block, scores materialised or not."""
+    hw = al.hardware("h200-1")
+
+    def memory(attention):
+        wl = al.load_workload("experiments/models/gpt.py", size="llama-tiny", scan=True,
+                              dtype="bfloat16", seq=512, batch=8, attention=attention)  # fmt: skip
+        return al.evaluate(wl, hw, mesh={"data": 1}, rules={}).predicted["memory_bytes_per_device"]
+
+    assert memory("cudnn") < 0.5 * memory("naive")
