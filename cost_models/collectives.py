@@ -14,6 +14,11 @@ Formulas (``docs/hardware-facts.md``, jax-ml/scaling-book ``sharding.md``/``gpus
   with wraparound is a bidirectional ring (``W = 2 * link``, ``N/2`` hops), one without is
   unidirectional (``W = link``, ``N-1`` hops). Reduce-scatter = all-gather, all-reduce =
   2x, all-to-all = all-gather / 4 with wraparound, / 2 without.
+* Between TPU slices (a multi-slice job, ``2xtpu-v5p-256``): the slices are the outermost
+  physical dimension, on the data-centre network; a group spanning ``m`` slices and ``k``
+  chips of each runs the ICI part first, then each chip moves its ``1/k`` share across:
+  ``alpha (m-1) + V/k (m-1)/m / W_dcn`` per all-gather (all-reduce 2x), as MaxText's
+  data parallelism across slices does.
 * GPU all-gather: ``V * max_level (D-1)/(D W)`` over the levels (NVLink inside a node,
   the network across nodes) plus ``alpha`` per ring step; all-reduce 2x; all-to-all
   ``V/(W N)`` inside a node, ``V (M-1)/(M^2 W_node)`` across ``M`` nodes.
@@ -50,10 +55,13 @@ def _physical_dims(hw: Hardware) -> list[tuple[int, float, float, bool, str]]:
     """(length, bandwidth, latency, wraparound, level), innermost first."""
     t = hw.topology
     if isinstance(t, Torus):
-        return [
+        dims = [
             (n, t.link_bandwidth, t.latency_s, w, "ici")
             for n, w in zip(t.shape, t.wraparound, strict=True)
         ]
+        if t.slices > 1:
+            dims.append((t.slices, t.dcn_bandwidth or 0.0, t.dcn_latency_s, False, "dcn"))
+        return dims
     assert isinstance(t, Cluster)
     level = "nvlink" if hw.kind == "gpu" else "host"
     dims = [(t.per_node, t.intra_bandwidth, t.intra_latency_s, False, level)]
@@ -161,6 +169,17 @@ def collective_time(
 
 
 def _torus_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float) -> float:
+    dcn = [s for s in segs if s.level == "dcn"]
+    if dcn:  # hierarchical: the slice's part over ICI, then 1/k of it per chip over DCN
+        ici = tuple(s for s in segs if s.level != "dcn")
+        k = math.prod(s.length for s in ici) if ici else 1
+        inside = _torus_time(hw, kind, ici, k, v) if k > 1 else 0.0
+        m = dcn[0].length
+        gather = dcn[0].latency_s * (m - 1) + v / k * (m - 1) / m / _eff_bw(hw, dcn[0])
+        across = {"all-gather": gather, "reduce-scatter": gather, "all-reduce": 2 * gather}.get(
+            kind, gather / 2
+        )  # all-to-all: each chip sends the other slices' share once
+        return inside + across
     bw = sum((2.0 if s.wraparound else 1.0) * _eff_bw(hw, s) for s in segs)
     hops = sum(s.length / 2 if s.wraparound else s.length - 1 for s in segs)
     alpha = max(s.latency_s for s in segs)

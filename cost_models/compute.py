@@ -30,12 +30,21 @@ _DTYPE_KEYS = {
 }
 
 
-def peak_flops(hw: Hardware, dtype: str) -> float:
-    """Peak matrix FLOP/s per device for an element type.
+# A float32 dot's precision (a dot_general's ``precision``, or ``jax.default_matmul_precision``
+# as JAX resolves it into the dot while tracing) -> how the chip runs it: on NVIDIA GPUs
+# DEFAULT and HIGH run as TF32 on the tensor cores (``f32``), HIGHEST as IEEE float32 on the
+# CUDA cores (``f32_highest``); on TPUs as 1, 3 or 6 bf16 passes (JAX's bf16, bf16_3x,
+# bf16_6x algorithms).
+TPU_PASSES = {"default": 1, "high": 3, "highest": 6}
+
+
+def peak_flops(hw: Hardware, dtype: str, precision: str = "default") -> float:
+    """Peak matrix FLOP/s per device for an element type at a dot's precision.
 
     On TPUs a float32 matmul at JAX's default precision runs as one bf16 pass, so it is
-    priced at the bf16 peak when the profile gives no ``f32``; elsewhere a missing dtype is an
-    error naming the profile and the key to add.
+    priced at the bf16 peak when the profile gives no ``f32``, and at a third or a sixth of it
+    at HIGH / HIGHEST; on GPUs HIGHEST uses ``f32_highest`` (the CUDA cores). Elsewhere a
+    missing dtype is an error naming the profile and the key to add.
 
     Example:
       >>> import autolayout as al
@@ -43,8 +52,18 @@ def peak_flops(hw: Hardware, dtype: str) -> float:
       275000000000000.0
     """
     keys = _DTYPE_KEYS.get(dtype, (dtype,))
+    precision = precision.lower()
     if dtype == "float32" and hw.kind == "tpu":
+        passes = TPU_PASSES.get(precision, 1)
+        if passes > 1 and "bf16" in hw.chip.peak_flops:
+            return hw.chip.peak_flops["bf16"] / passes
         keys = ("f32", "bf16")
+    elif dtype == "float32" and precision in ("highest", "f32_f32_f32") and hw.kind == "gpu":
+        keys = ("f32_highest",)
+    elif precision.startswith("bf16_bf16"):  # an explicit bf16 algorithm on any input type
+        keys = ("bf16",)
+    elif precision.startswith("tf32"):
+        keys = ("f32",)
     for k in keys:
         if k in hw.chip.peak_flops:
             return hw.chip.peak_flops[k]
@@ -54,7 +73,14 @@ def peak_flops(hw: Hardware, dtype: str) -> float:
     )
 
 
-def op_time(hw: Hardware, primitive: str, flops: float, nbytes: float, dtype: str) -> float:
+def op_time(
+    hw: Hardware,
+    primitive: str,
+    flops: float,
+    nbytes: float,
+    dtype: str,
+    precision: str = "default",
+) -> float:
     """Seconds for one op on one device: its local FLOPs and HBM bytes on the roofline.
 
     A fused attention kernel runs at the profile's ``efficiency.attention`` of peak (flash
@@ -72,7 +98,7 @@ def op_time(hw: Hardware, primitive: str, flops: float, nbytes: float, dtype: st
         return max(flops / rate, memory) + e.attention_call_s * share
     if primitive not in MATRIX_OPS or flops <= 0:
         return memory
-    return max(flops / (peak_flops(hw, dtype) * e.matmul), memory)
+    return max(flops / (peak_flops(hw, dtype, precision) * e.matmul), memory)
 
 
 def kernel_notes(g: Graph, hw: Hardware) -> list[str]:

@@ -730,7 +730,9 @@ def op_cost(
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
     dtype = g.tensors[op.inputs[0]].dtype if op.inputs else "float32"
     compute = (
-        op_time(m.hw, op.primitive, flops, nbytes, dtype) if op.primitive not in LOOP_OPS else 0.0
+        op_time(m.hw, op.primitive, flops, nbytes, dtype, op.param("precision", "default"))
+        if op.primitive not in LOOP_OPS
+        else 0.0
     )
     strategy = {
         (grp.dim or f"{grp.members[0][0]}.{grp.members[0][1]}"): a

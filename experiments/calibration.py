@@ -37,19 +37,23 @@ TP = ("heads", "d_ff", "vocab")
 def layout_of(text: str) -> tuple[dict[str, int], list]:
     mesh = {k: int(v) for k, v in (p.split("=") for p in text.split(";"))}
     rules = []
+    batch = tuple(a for a in ("data", "fsdp") if a in mesh)  # data outermost (across slices)
+    if batch:
+        rules.append(("batch", batch))
     if "fsdp" in mesh:
-        rules += [("batch", ("fsdp",)), ("d_model", ("fsdp",))]
-    if "data" in mesh:
-        rules.append(("batch", ("data",)))
+        rules.append(("d_model", ("fsdp",)))
     if "tensor" in mesh:
         rules += [(d, ("tensor",)) for d in TP]
     return mesh, rules
 
 
-def hardware_for(family: str, chips: int) -> al.Hardware:
-    for n in (chips, 2 * chips):  # TPU slices are named by TensorCores (v4, v5p), GPUs by count
+def hardware_for(family: str, chips: int, slices: int = 1) -> al.Hardware:
+    """The named slice (or ``slices`` slices joined by DCN: ``2xtpu-v4-256``) of ``chips``."""
+    each = chips // slices
+    for n in (each, 2 * each):  # TPU slices are named by TensorCores (v4, v5p), GPUs by count
+        name = f"{family}-{n}" if slices == 1 else f"{slices}x{family}-{n}"
         try:
-            hw = al.hardware(f"{family}-{n}")
+            hw = al.hardware(name)
         except al.HardwareError:
             continue
         if hw.num_devices == chips:
@@ -58,9 +62,12 @@ def hardware_for(family: str, chips: int) -> al.Hardware:
 
 
 def workload_of(row: dict) -> al.Workload:
+    """The example GPT at the row's shapes; rows that give ``kv_heads`` (MaxText's and PaLM's
+    decoders: rotary positions, SwiGLU, grouped or multi-query attention) use its Llama block."""
+    kv = {"size": "llama-tiny", "kv_heads": int(row["kv_heads"])} if row.get("kv_heads") else {}
     return al.load_workload(
         HERE / "models" / "gpt.py",
-        size="gpt3-small",
+        **({"size": "gpt3-small"} | kv),
         mlp=row["mlp"],
         remat=row["remat"],
         scan=True,
@@ -98,7 +105,7 @@ def fit(rows: list[dict]) -> None:
         for mm, ov in itertools.product((0.7, 0.75, 0.8, 0.85, 0.9), (0.0, 0.25, 0.5, 0.75, 0.9)):
             errs = []
             for r, wl, g in sel:
-                hw = hardware_for(family, int(r["chips"]))
+                hw = hardware_for(family, int(r["chips"]), int(r.get("slices") or 1))
                 eff = dataclasses.replace(hw.efficiency, matmul=mm, overlap=ov)
                 hw = dataclasses.replace(hw, efficiency=eff)
                 pred = predict(r, wl, g, hw)["predicted"]
@@ -112,7 +119,7 @@ def fit(rows: list[dict]) -> None:
 
 def run_row(row: dict) -> dict:
     wl = workload_of(row)
-    hw = hardware_for(row["hardware"], int(row["chips"]))
+    hw = hardware_for(row["hardware"], int(row["chips"]), int(row.get("slices") or 1))
     t0 = time.perf_counter()
     p = predict(row, wl, None, hw)
     s, metric = p["summary"], p["metric"]

@@ -19,8 +19,8 @@ from .structure import Structure
 
 
 def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
-    """Generic mesh axes named after what they split: the batch only ``data``, the batch and
-    weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
+    """Generic mesh axes named after what they split: the batch only ``data``, the batch (of
+    an input, or of the activations) and weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
     of the activations) ``space``, else ``model``. A mesh the user gave keeps its names."""
     req = r.request
     if r.named:
@@ -38,6 +38,13 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
         for d, axes in zip(tt.dims, layouts[t], strict=True):
             for a in axes:
                 splits[a].add("batch" if d == batch else "space" if d in space else "param")
+    if batch is not None:  # the batch split inside the step only (the input read whole and
+        # sliced for free) is still a batch split: FSDP's axis shows as fsdp
+        for t, lay in layouts.items():
+            tt = g.tensors[t]
+            if batch in tt.dims:
+                for a in lay[tt.dims.index(batch)]:
+                    splits[a].add("batch")
     quiet = [a for a, s in splits.items() if not s]
     if quiet and space:  # an axis no input uses may split the volume inside the step
         for t, lay in layouts.items():
@@ -71,6 +78,13 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
         used.add(name)
         out[a] = name
     return out
+
+
+# A standard layout (DP, FSDP, Megatron...) within this fraction of the search's best step
+# time is chosen over a search result with exceptions to its rules: a plan an engineer reads
+# in a few lines and trusts, for at most 1% of predicted time (the cost model's own error
+# on published runs is larger: docs/decisions.md, Measured).
+SIMPLER_WITHIN = 0.01
 
 
 def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
@@ -163,13 +177,20 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
-        faster = hand[0] < priced["predicted"]["step_time_s"] * (1 - 1e-9)
-        if hand_mem <= limit and (faster or mem > limit):
+        searched = priced["predicted"]["step_time_s"]
+        faster = hand[0] < searched * (1 - 1e-9)
+        simpler = bool(exceptions) and hand[0] <= searched * (1 + SIMPLER_WITHIN)
+        if hand_mem <= limit and (faster or simpler or mem > limit):
             _, win, name, mesh, rules, layouts, priced, names = hand
             c = win.hand[name]
             win.best = Candidate(c.choice, hand[0], hand_mem, name)
+            source = (
+                f"hand layout {name!r}: its rules, priced exactly, beat the search's best"
+                if faster or mem > limit
+                else f"hand layout {name!r}: within {SIMPLER_WITHIN:.0%} of the search's best "
+                f"({searched:.4g} s, {len(exceptions)} exceptions to its rules) and plain rules"
+            )
             exceptions = []
-            source = f"hand layout {name!r}: its rules, priced exactly, beat the search's best"
             status = "FEASIBLE"
     tried = []
     for r in results:

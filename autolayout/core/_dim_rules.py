@@ -119,8 +119,24 @@ def _dot_general(b, eqn, ins, outs):
     params = {
         "contracting": tuple(zip(lc, rc, strict=True)),
         "batch": tuple(zip(lb, rb, strict=True)),
+        "precision": precision_name(eqn.params.get("precision")),
     }
     return params, 2.0 * _size(b.shape(out)) * contracted
+
+
+def precision_name(precision: Any) -> str:
+    """A dot's ``precision`` (None, a ``Precision`` per operand, or a ``DotAlgorithmPreset``)
+    as plain text: ``default``, ``high``, ``highest`` or the algorithm's name, lower-cased."""
+    if precision is None:
+        return "default"
+    if isinstance(precision, (tuple, list)):
+        order = ["default", "high", "highest"]
+        names = [precision_name(p) for p in precision if p is not None]
+        known = [n for n in names if n in order]
+        return max(known, key=order.index) if known else (names[0] if names else "default")
+    name = getattr(precision, "name", str(precision)).lower()
+    return {"fastest": "default", "float32": "highest", "tensorfloat32": "high",
+            "bfloat16": "default", "bfloat16_3x": "high"}.get(name, name)  # fmt: skip
 
 
 @register("conv_general_dilated")

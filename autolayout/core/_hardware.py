@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,10 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
         "wraparound_rule": ("wrap", "'cubes' (every axis a multiple of 4) or 'full-axis'", True),
         "full_axis_length": ("int", "axis length that has wraparound under 'full-axis'", False),
     },
-    "dcn": {"bandwidth_per_chip": ("num", "bytes per second per chip between slices", True)},
+    "dcn": {
+        "bandwidth_per_chip": ("num", "bytes per second per chip between slices", True),
+        "latency_s": ("num", "seconds per message between slices", False),
+    },
     "nvlink": {
         "domain_size": ("int", "GPUs in one NVLink domain (a node, or an NVL72 rack)", True),
         "bandwidth": ("num", "bytes per second, one way, per GPU", True),
@@ -101,7 +104,8 @@ NAMING_RULE = (
     "names are FAMILY-N: TPU v2/v3/v4/v5p count TensorCores (tpu-v4-256 = 128 chips; a "
     "multiple of 4x4x4 cubes need not be a power of two: tpu-v4-384 = 4x4x12), "
     "v5e/v6e count chips (tpu-v5e-256), a TPU topology may be given as tpu-v4-4x4x8; "
-    "GPUs count GPUs (h100-64 = 8 nodes of 8); cpu-N is N local devices; "
+    "GPUs count GPUs (h100-64 = 8 nodes of 8); cpu-N is N local devices; 2xtpu-v5p-256 is two "
+    "slices joined by the data-centre network; "
     "or a path to a .toml profile"
 )
 
@@ -125,6 +129,9 @@ class Efficiency:
     attention_call_s: float = 0.0  # per forward+backward pair, beyond the FLOPs (launch, tails)
 
 
+DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
+
+
 @dataclass(frozen=True, slots=True)
 class Torus:
     """A TPU slice: chips on a 2-D or 3-D torus of ICI links."""
@@ -133,11 +140,14 @@ class Torus:
     wraparound: tuple[bool, ...]
     link_bandwidth: float  # bytes/s one way per link
     latency_s: float
-    dcn_bandwidth: float | None = None
+    dcn_bandwidth: float | None = None  # bytes/s per chip between slices
+    slices: int = 1  # slices joined by the data-centre network (a multi-slice job)
+    dcn_latency_s: float = DCN_LATENCY_S
 
     def describe(self) -> str:
         wrap = ",".join("wrap" if w else "open" for w in self.wraparound)
-        return f"{'x'.join(map(str, self.shape))} torus ({wrap})"
+        one = f"{'x'.join(map(str, self.shape))} torus ({wrap})"
+        return one if self.slices == 1 else f"{self.slices} slices joined by DCN, each a {one}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +207,7 @@ class Hardware:
                 f"  ICI          {t.link_bandwidth:.3g} B/s per link one way, {t.latency_s:.2g} s per hop"
             )
             if t.dcn_bandwidth:
-                lines.append(f"  DCN          {t.dcn_bandwidth:.3g} B/s per chip")
+                lines.append(f"  DCN          {t.dcn_bandwidth:.3g} B/s per chip between slices")
         else:
             lines.append(f"  intra-node   {t.intra_bandwidth:.3g} B/s per device one way")
             if t.inter_bandwidth:
@@ -410,10 +420,11 @@ def _tpu(name: str, prof: dict[str, Any], where: str, count: str) -> tuple[int, 
         raise HardwareError(
             f"hardware {name!r}: {chips} chips exceeds the largest {prof['']['family']} slice ({naming['max_chips']} chips, {where})"
         )
-    dcn = prof.get("dcn", {}).get("bandwidth_per_chip")
+    dcn = prof.get("dcn", {})
     return chips, Torus(
-        shape, _wraparound(prof, shape), ici["link_bandwidth"], ici["latency_s"], dcn
-    )
+        shape, _wraparound(prof, shape), ici["link_bandwidth"], ici["latency_s"],
+        dcn.get("bandwidth_per_chip"), 1, dcn.get("latency_s", DCN_LATENCY_S),
+    )  # fmt: skip
 
 
 def _gpu(name: str, prof: dict[str, Any], n: int) -> Cluster:
@@ -517,6 +528,9 @@ def hardware(name: str | Path, devices: int | None = None) -> Hardware:
             )
         count = str(devices) if devices is not None else None
         return _build(p.stem, prof, _shown(p), count, file=True)
+    multi = re.fullmatch(r"(\d+)x(tpu-.+|v\d.+)", s.lower())
+    if multi:
+        return _multislice(s, int(multi.group(1)), hardware(multi.group(2), devices))
     families = list_profiles()
     m = re.fullmatch(r"(.+?)(?:-(\d+(?:x\d+)*))?", s.lower())
     fam, count = (m.group(1), m.group(2)) if m else (s, None)
@@ -536,6 +550,21 @@ def hardware(name: str | Path, devices: int | None = None) -> Hardware:
         s = s if m and m.group(2) else f"{s}-{devices}"
     path = _profile_dir() / f"{fam}.toml"
     return _build(s, load_profile(path), f"hw_profiles/{fam}.toml", count)
+
+
+def _multislice(name: str, slices: int, one: Hardware) -> Hardware:
+    """``2xtpu-v5p-256``: ``slices`` copies of a slice joined by the data-centre network
+    (MaxText's multi-slice jobs); the slices are the outermost physical dimension."""
+    t = one.topology
+    if not isinstance(t, Torus) or slices < 1:
+        raise HardwareError(f"hardware {name!r}: NxNAME joins TPU slices, e.g. 2xtpu-v5p-256")
+    if slices > 1 and not t.dcn_bandwidth:
+        raise HardwareError(
+            f"hardware {name!r}: {one.source} gives no [dcn] bandwidth_per_chip to join slices by"
+        )
+    topo = Torus(t.shape, t.wraparound, t.link_bandwidth, t.latency_s, t.dcn_bandwidth,
+                 slices * t.slices, t.dcn_latency_s)  # fmt: skip
+    return replace(one, name=name, num_devices=one.num_devices * slices, topology=topo)
 
 
 def profile_sources(hw: Hardware) -> list[tuple[str, str]]:
