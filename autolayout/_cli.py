@@ -39,7 +39,7 @@ from .core import (
     trace,
 )
 from .cost_models import evaluate, kernel_notes
-from .runtime import init_distributed, run, validate
+from .runtime import calibrate, init_distributed, run, validate, write_profile
 from .search import compare as search_compare
 from .search import plan as search_plan
 from .search import standard_layout
@@ -136,6 +136,34 @@ def hw_cmd(name: str | None) -> None:
         click.echo(
             f"{fam:<14} {h.kind:<5} {bf16:>12.3g} {h.chip.hbm_bytes / 2**30:>8.1f}  {example}{approx}"
         )
+
+
+@main.command("calibrate")
+@click.option("--devices", "n_devices", type=int,
+              help="Measure the first N devices (default: all JAX finds; on a CPU set "
+              "XLA_FLAGS=--xla_force_host_platform_device_count=N first).")  # fmt: skip
+@click.option("--base", type=click.Path(dir_okay=False),
+              help="The profile to start from (default: the shipped one of these devices).")  # fmt: skip
+@click.option("--quick", is_flag=True, help="Small shapes: seconds, to see it work.")
+@click.option("--out", default="measured.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="The profile file to write.")  # fmt: skip
+def calibrate_cmd(n_devices, base, quick, out) -> None:
+    """Measure these devices (matmuls, HBM, attention, convolutions, collectives on every
+    mesh axis) into a hardware profile file that plans like any other."""
+    devices = jax.devices()
+    if n_devices is not None:
+        if n_devices < 1 or n_devices > len(devices):
+            raise click.UsageError(
+                f"--devices {n_devices}: JAX finds {len(devices)} {devices[0].platform} "
+                "device(s); on a CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N"
+            )
+        devices = devices[:n_devices]
+    prof = calibrate(devices, base=base, quick=quick,
+                     progress=lambda s: click.echo(f"measuring {s}...", err=True))  # fmt: skip
+    path = write_profile(prof, out)
+    hw = hardware(str(path))
+    click.echo(hw.describe())
+    click.echo(f"wrote {path}: plan with --hw {path}")
 
 
 @main.command("trace")

@@ -4,6 +4,8 @@
 
 from .apply import apply as apply
 from .apply import make_mesh as make_mesh
+from .calibrate import calibrate as calibrate
+from .calibrate import write_profile as write_profile
 from .run import init_distributed as init_distributed
 from .run import reference_losses as reference_losses
 from .run import run as run

@@ -22,6 +22,8 @@ from ._hardware import Hardware as Hardware
 from ._hardware import Torus as Torus
 from ._hardware import hardware as hardware
 from ._hardware import list_profiles as list_profiles
+from ._hardware import load_profile as load_profile
+from ._hardware import profile_path as profile_path
 from ._hardware import profile_sources as profile_sources
 from ._ir import LOOP_OPS as LOOP_OPS
 from ._ir import Dim as Dim

@@ -86,13 +86,33 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
         "bandwidth": ("num", "bytes per second between local devices", True),
         "latency_s": ("num", "seconds per transfer", True),
     },
+    "calibration": {  # what `autolayout calibrate` measured: a record, not read by the cost model
+        k: ("any", "a record of the measurement", False)
+        for k in (
+            "measured_at",
+            "where",
+            "jax",
+            "base",
+            "quick",
+            "matmul",
+            "memory",
+            "attention",
+            "attention_note",
+            "conv",
+            "collectives",
+        )  # fmt: skip
+    },
 }
 _SECTIONS_BY_KIND = {
     "tpu": ("chip", "efficiency", "naming", "ici"),
     "gpu": ("chip", "efficiency", "naming", "nvlink", "network"),
     "cpu": ("chip", "efficiency", "naming", "host"),
 }
-_OPTIONAL_SECTIONS = {"tpu": ("dcn",), "gpu": (), "cpu": ()}
+_OPTIONAL_SECTIONS = {
+    "tpu": ("dcn", "calibration"),
+    "gpu": ("calibration",),
+    "cpu": ("calibration",),
+}
 _CHOICES = {
     "kind": ("tpu", "gpu", "cpu"),
     "counts": ("chips", "cores", "gpus", "devices"),
@@ -233,6 +253,14 @@ def _profile_dir() -> Path:
     return Path(str(resources.files("autolayout.hw_profiles")))
 
 
+def profile_path(family: str) -> Path:
+    """The shipped profile file of a family, e.g. ``profile_path("h100")``."""
+    p = _profile_dir() / f"{family}.toml"
+    if not p.is_file():
+        raise HardwareError(f"no shipped profile {family!r}; known: {', '.join(list_profiles())}")
+    return p
+
+
 def list_profiles() -> list[str]:
     """The families with a shipped profile, e.g. ``['a100-80gb', ..., 'tpu-v6e']``."""
     return sorted(p.stem for p in _profile_dir().glob("*.toml"))
@@ -242,6 +270,8 @@ def _check_value(where: str, key: str, typ: str, what: str, v: Any) -> Any:
     def bad() -> HardwareError:
         return HardwareError(f"{where}: key {key!r} must be {what} ({_kind_word(typ)}), got {v!r}")
 
+    if typ == "any":
+        return v
     if typ == "str":
         if not isinstance(v, str):
             raise bad()
