@@ -169,13 +169,25 @@ def _collectives(devices: Sequence[Any], sizes_kib: Sequence[int], reps: int) ->
     return rows
 
 
-def _collective_fit(rows: list[dict]) -> dict[str, float]:
-    """All-gathers over the largest group: ``latency * (N-1) + V (N-1)/N / bandwidth``."""
+def _collective_fit(rows: list[dict]) -> dict[str, Any]:
+    """All-gathers over the largest group: ``latency * (N-1) + V (N-1)/N / bandwidth``.
+    Where the timings do not separate the two (noise over small sizes: a slope <= 0), the
+    best rate measured stands for the bandwidth and the least time for the latency."""
     big = max(r["group"] for r in rows)
     sel = [r for r in rows if r["kind"] == "all-gather" and r["group"] == big]
     work = [r["bytes"] * (big - 1) / big for r in sel]
-    fit = fit_rate_and_call(work, [r["seconds"] for r in sel])
-    return {"bandwidth": fit["rate"], "latency_s": max(fit["call_s"], 0.0) / max(big - 1, 1)}
+    secs = [r["seconds"] for r in sel]
+    fit = fit_rate_and_call(work, secs)
+    steps = max(big - 1, 1)
+    if math.isfinite(fit["rate"]) and fit["rate"] > 0 and fit["call_s"] > 0:
+        return {
+            "bandwidth": fit["rate"],
+            "latency_s": fit["call_s"] / steps,
+            "how": "least squares",
+        }
+    return {"bandwidth": max(w / t for w, t in zip(work, secs, strict=True)),
+            "latency_s": min(secs) / steps,
+            "how": "best rate and least time (the sizes did not separate latency from bandwidth)"}  # fmt: skip
 
 
 def base_profile(devices: Sequence[Any]) -> Path:
@@ -241,14 +253,14 @@ def calibrate(
     if bw > chip["hbm_bandwidth"]:
         chip["hbm_bandwidth"] = bw
     eff["memory"] = min(1.0, bw / chip["hbm_bandwidth"])
-    if "rows" in att:
+    if "rows" in att and math.isfinite(att["rate"]) and att["rate"] > 0:
         eff["attention"] = min(1.0, att["rate"] / peaks.get("bf16", peaks[main]))
         eff["attention_call_s"] = max(att["call_s"], 0.0)
     prof["chip"], prof["efficiency"] = chip, eff
     if coll:
         fit = _collective_fit(coll)
         if "host" in prof:
-            prof["host"] = {"bandwidth": fit["bandwidth"], "latency_s": fit["latency_s"] or 1e-9}
+            prof["host"] = {"bandwidth": fit["bandwidth"], "latency_s": fit["latency_s"]}
             eff["collective"] = 1.0
         else:
             link = prof.get("nvlink", prof.get("ici", {}))
@@ -274,6 +286,7 @@ def calibrate(
         "attention_note": att.get("skipped", ""),
         "conv": conv,
         "collectives": coll,
+        "collective_fit": _collective_fit(coll)["how"] if coll else "",
     }
     return prof
 

@@ -100,7 +100,8 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "attention_note",
             "conv",
             "collectives",
-        )  # fmt: skip
+            "collective_fit",
+        )
     },
 }
 _SECTIONS_BY_KIND = {
