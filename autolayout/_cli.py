@@ -93,6 +93,12 @@ class _Group(click.Group):
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:  # the reader left (`autolayout plan ... | head`): stop quietly
+            try:
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter's flush at exit
+            except OSError:
+                pass
+            sys.exit(0)
         except Exception as e:  # a bug of ours or of a library: one line, not a traceback
             if ctx.obj and ctx.obj.get("debug"):
                 raise
