@@ -19,6 +19,7 @@ from autolayout.core import (
 )
 
 MATRIX_OPS = frozenset({"dot_general", "conv_general_dilated"})
+KERNEL_OPS = frozenset({"pallas_call"})  # priced from their cost estimate, on the matrix peak
 ATTENTION_OPS = frozenset(ATTENTION_FWD + ATTENTION_BWD)  # fused: priced as one kernel each
 _DTYPE_KEYS = {
     "bfloat16": ("bf16",),
@@ -96,7 +97,7 @@ def op_time(
         )
         rate = peak_flops(hw, dtype) * (e.attention if e.attention is not None else e.matmul)
         return max(flops / rate, memory) + e.attention_call_s * share
-    if primitive not in MATRIX_OPS or flops <= 0:
+    if (primitive not in MATRIX_OPS and primitive not in KERNEL_OPS) or flops <= 0:
         return memory
     return max(flops / (peak_flops(hw, dtype, precision) * e.matmul), memory)
 

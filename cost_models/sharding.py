@@ -225,6 +225,8 @@ def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
                 fixed.add((ins[1], s["rhs"]))
             else:  # "kernel": the weight gradient's window axis stays whole
                 fixed.add((op.outputs[0], s["out"]))
+    elif p == "pallas_call":  # a custom call XLA cannot partition: whole on every device
+        fixed.update((t, a) for t in op_tensors(op) for a in range(len(g.tensors[t].shape)))
     elif p in ATTENTION_FWD or p in ATTENTION_BWD:  # cuDNN splits batch and heads only
         ax = attention_axes(op.param("layout", 0))
         like_q, like_k, stat = _attention_roles(op)
@@ -726,7 +728,9 @@ def op_cost(
         nbytes = 0.0
     else:
         nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
-        if op.primitive in MATRIX_OPS or op.primitive in ATTENTION_OPS:
+        if op.primitive == "pallas_call":  # its author's estimate of its HBM traffic
+            nbytes = op.param("bytes_accessed", nbytes)
+        elif op.primitive in MATRIX_OPS or op.primitive in ATTENTION_OPS:
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
     dtype = g.tensors[op.inputs[0]].dtype if op.inputs else "float32"
     compute = (

@@ -109,3 +109,29 @@ def test_llama_with_cudnn_attention_needs_far_less_memory_than_naive_attention()
         return al.evaluate(wl, hw, mesh={"data": 1}, rules={}).predicted["memory_bytes_per_device"]
 
     assert memory("cudnn") < 0.5 * memory("naive")
+
+
+def test_a_pallas_kernel_is_priced_from_its_cost_estimate_and_kept_whole():
+    """The TPU flash attention of jax.experimental.pallas: its forward kernel carries a cost
+    estimate (priced from it), its backward kernels none (opaque, said why); XLA cannot
+    partition a custom call, so none is split."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    def step(q, k, v):
+        def f(q, k, v):
+            return pallas_flash.flash_attention(q, k, v, causal=True).astype(jnp.float32).sum()
+
+        return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+
+    x = jax.ShapeDtypeStruct((2, 8, 512, 64), jnp.bfloat16)
+    wl = al.Workload(step, (x, x, x))
+    g = al.trace(wl)
+    kernels = [op for op in g.ops if op.primitive == "pallas_call"]
+    priced = [op for op in kernels if not op.opaque]
+    assert len(priced) == 1 and priced[0].flops > 4 * 2 * 8 * 512 * 256 * 64  # > the causal half
+    assert all("cost_estimate" in op.param("reason") for op in kernels if op.opaque)
+    p = al.evaluate(wl, "tpu-v5p-8", mesh={"data": 4}, rules={})
+    rows = [r for r in p.ops if r["kind"] == "pallas_call"]
+    assert all(r["strategy"] == "" for r in rows)
+    fwd = next(r for r in rows if r["op"] == priced[0].name)
+    assert fwd["bytes"] == priced[0].param("bytes_accessed") and fwd["compute_s"] > 0

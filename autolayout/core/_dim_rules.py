@@ -503,3 +503,24 @@ def _attention(b, eqn, ins, outs):
     }
     flops = 4.0 * batch * n * t * attention_keys(t, s, causal, params["window"]) * h
     return params, flops * (ATTENTION_BWD_FLOPS if bwd else 1.0)
+
+
+# --- Pallas kernels ---------------------------------------------------------------------------
+
+
+@register("pallas_call")
+def _pallas_call(b, eqn, ins, outs):
+    """A Pallas kernel is priced from the ``cost_estimate`` its author gave (FLOPs, HBM bytes
+    accessed); without one its work is unknown and it stays opaque. Its axes are linked to
+    nothing: XLA cannot partition a custom call, so it runs whole on every device (split it
+    with ``shard_map`` around the call; the cost model keeps it replicated)."""
+    ce = eqn.params.get("cost_estimate")
+    if ce is None:
+        raise ValueError("a pallas_call without a cost_estimate: its work is unknown")
+    name = getattr(eqn.params.get("name_and_src_info"), "name", None) or eqn.params.get("name")
+    params = {
+        "kernel": str(name or "pallas"),
+        "bytes_accessed": float(ce.bytes_accessed),
+        "transcendentals": float(ce.transcendentals),
+    }
+    return params, float(ce.flops)
