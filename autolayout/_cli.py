@@ -643,11 +643,18 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
 
     v = validate(plan, wl, jax.devices()[:n] if devices else None, tolerance=tolerance)
     click.echo(f"{plan.model} laid out as {plan_path}, compiled for {n} devices:")
-    click.echo(f"{'quantity':<20} {'predicted':>14} {'compiled':>14} {'ratio':>8}  ")
+    click.echo(
+        f"{'quantity':<20} {'predicted':>14} {'compiled':>14} {'ratio':>8}  {'':<8}{'count':>10}"
+    )
     for r in v.itertuples():
         mark = ("ok" if r.ok else "OFF") if r.checked else "(shown)"
+        count = ""
+        if r.predicted_count == r.predicted_count and r.predicted_count is not None:  # not NaN
+            count = f"{int(r.predicted_count)}/{int(r.compiled_count)}"
+            count += "" if r.count_ok else " differ"
         click.echo(
-            f"{r.quantity:<20} {r.predicted:>14.6g} {r.compiled:>14.6g} {r.ratio:>8.3f}  {mark}"
+            f"{r.quantity:<20} {r.predicted:>14.6g} {r.compiled:>14.6g} {r.ratio:>8.3f}  "
+            f"{mark:<8}{count:>10}"
         )
     for r in v[v["note"] != ""].itertuples():
         click.echo(f"  {r.quantity}: {r.note}")

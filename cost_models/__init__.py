@@ -5,6 +5,8 @@ strategies and resharding (``sharding``), Mesh-TF rules (``rules``), a whole ste
 ``autolayout.cost_models``; builds on ``autolayout.core`` alone. What ``search`` and
 ``runtime`` use of it is exported here."""
 
+from .collectives import COMBINE_BYTES as COMBINE_BYTES
+from .collectives import COMBINED_KINDS as COMBINED_KINDS
 from .collectives import collective_time as collective_time
 from .collectives import place_mesh as place_mesh
 from .compute import kernel_notes as kernel_notes
@@ -42,3 +44,4 @@ from .sharding import op_signature as op_signature
 from .sharding import op_template as op_template
 from .sharding import op_tensors as op_tensors
 from .sharding import reshard as reshard
+from .sharding import state_dims as state_dims

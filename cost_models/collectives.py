@@ -37,6 +37,20 @@ __all__ = ["KINDS", "MeshError", "Segment", "collective_time", "group_segments",
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
+# XLA's combiners merge independent collectives of one kind over one group into one, up to
+# this many bytes (xla/debug_options_flags.cc: 30 MiB for all-reduce, all-gather and
+# reduce-scatter on GPUs; taken for TPUs and CPUs too). A combinable collective (the state's:
+# weight gathers, gradient reductions) pays the latency in proportion to its share of one
+# combined collective, so n small gradients pay it about once, as XLA runs them. XLA:CPU
+# combines all-reduces only (measured: the example models' FSDP all-gathers compile one each),
+# with no limit found (66 MB of my_transformer's gradients compile to one all-reduce).
+COMBINE_BYTES = {"gpu": 30 * 2**20, "tpu": 30 * 2**20, "cpu": 2**30}
+COMBINED_KINDS = {
+    "gpu": frozenset({"all-gather", "reduce-scatter", "all-reduce"}),
+    "tpu": frozenset({"all-gather", "reduce-scatter", "all-reduce"}),
+    "cpu": frozenset({"all-reduce"}),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
@@ -146,10 +160,16 @@ def _eff_bw(hw: Hardware, s: Segment) -> float:
 
 
 def collective_time(
-    hw: Hardware, kind: str, segments: tuple[Segment, ...], full_bytes: float
+    hw: Hardware,
+    kind: str,
+    segments: tuple[Segment, ...],
+    full_bytes: float,
+    combined: bool = False,
 ) -> float:
     """Seconds for one collective over a group spanning ``segments``; ``full_bytes`` is the
-    whole (gathered) array of the group. A group of one device costs nothing.
+    whole (gathered) array of the group. A group of one device costs nothing. ``combined``:
+    XLA merges it with others of its kind (:data:`COMBINE_BYTES`), so it pays its share of
+    one latency.
 
     Example (TPU v4, one 4-chip ring with no wraparound, 1 MiB gathered): ::
 
@@ -163,26 +183,30 @@ def collective_time(
     if kind == "collective-permute":  # one message to a neighbour over one link; on a
         # group spanning several links (NVLink and the network) some pairs cross the slowest
         return max(s.latency_s + full_bytes / _eff_bw(hw, s) for s in segments if s.length > 1)
+    combined = combined and kind in COMBINED_KINDS.get(hw.kind, frozenset())
+    share = min(1.0, full_bytes / COMBINE_BYTES[hw.kind]) if combined else 1.0
     if hw.kind == "tpu":
-        return _torus_time(hw, kind, segments, n, full_bytes)
-    return _cluster_time(hw, kind, segments, n, full_bytes)
+        return _torus_time(hw, kind, segments, n, full_bytes, share)
+    return _cluster_time(hw, kind, segments, n, full_bytes, share)
 
 
-def _torus_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float) -> float:
+def _torus_time(
+    hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float, share: float = 1.0
+) -> float:
     dcn = [s for s in segs if s.level == "dcn"]
     if dcn:  # hierarchical: the slice's part over ICI, then 1/k of it per chip over DCN
         ici = tuple(s for s in segs if s.level != "dcn")
         k = math.prod(s.length for s in ici) if ici else 1
-        inside = _torus_time(hw, kind, ici, k, v) if k > 1 else 0.0
+        inside = _torus_time(hw, kind, ici, k, v, share) if k > 1 else 0.0
         m = dcn[0].length
-        gather = dcn[0].latency_s * (m - 1) + v / k * (m - 1) / m / _eff_bw(hw, dcn[0])
+        gather = dcn[0].latency_s * (m - 1) * share + v / k * (m - 1) / m / _eff_bw(hw, dcn[0])
         across = {"all-gather": gather, "reduce-scatter": gather, "all-reduce": 2 * gather}.get(
             kind, gather / 2
         )  # all-to-all: each chip sends the other slices' share once
         return inside + across
     bw = sum((2.0 if s.wraparound else 1.0) * _eff_bw(hw, s) for s in segs)
     hops = sum(s.length / 2 if s.wraparound else s.length - 1 for s in segs)
-    alpha = max(s.latency_s for s in segs)
+    alpha = max(s.latency_s for s in segs) * share
     gather = max(alpha * hops, v * (n - 1) / n / bw)
     if kind in ("all-gather", "reduce-scatter"):
         return gather
@@ -192,14 +216,16 @@ def _torus_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: f
     return gather / (4 if closed else 2)  # all-to-all
 
 
-def _cluster_time(hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float) -> float:
+def _cluster_time(
+    hw: Hardware, kind: str, segs: tuple[Segment, ...], n: int, v: float, share: float = 1.0
+) -> float:
     steps = {
         "all-gather": n - 1,
         "reduce-scatter": n - 1,
         "all-reduce": 2 * (n - 1),
         "all-to-all": n - 1,
     }[kind]
-    alpha = steps * max(s.latency_s for s in segs)
+    alpha = steps * max(s.latency_s for s in segs) * share
     if kind == "all-to-all":
         inner = [s for s in segs if s.level != "network"]
         outer = [s for s in segs if s.level == "network"]

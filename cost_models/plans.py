@@ -91,6 +91,7 @@ def plan_from_costs(
                     "count": op.trip_count,
                     "tensor": x.tensor,
                     "why": x.why,
+                    "combined": x.combined,
                 }
             )
     outputs = output_layouts(workload, g, layouts)

@@ -25,6 +25,7 @@ from .sharding import (
     op_groups,
     op_template,
     reshard,
+    state_dims,
 )
 
 
@@ -49,7 +50,7 @@ def price(
     ``reuse=False`` prices every op on its own instead of reusing the cost of an op alike
     (the tests hold the two equal)."""
 
-    m = Machine(hw, mesh)
+    m = Machine(hw, mesh, state_dims(g, donated))
     costs: list[OpCost] = []
     resharded: set = set()
     free, fused = free_tensors(g), fused_ops(g)
@@ -183,7 +184,7 @@ def _copied(op, c: OpCost, layouts, free) -> list[tuple[str, Any]]:
 
 def _on(x: Comm, t: str) -> Comm:
     """Collective ``x`` on tensor ``t`` (``x`` itself when it is on ``t``: comms are frozen)."""
-    return x if x.tensor == t else Comm(x.kind, x.axes, x.bytes, x.time_s, t, x.why)
+    return x if x.tensor == t else dataclasses.replace(x, tensor=t)
 
 
 def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:

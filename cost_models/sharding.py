@@ -48,7 +48,7 @@ from autolayout.core import (
     split_factor,
 )
 
-from .collectives import Segment, collective_time, group_segments, place_mesh
+from .collectives import COMBINED_KINDS, Segment, collective_time, group_segments, place_mesh
 from .compute import ATTENTION_OPS, MATRIX_OPS, op_time
 
 # input-only groups of these primitives are reductions (each device sums its part)
@@ -75,6 +75,7 @@ class Comm:
     time_s: float
     tensor: str
     why: str  # "reshard" | "partial" | "halo"
+    combined: bool = False  # XLA may merge it with others of its kind (the state's)
 
 
 PROMOTED_ON_CPU = ("bfloat16", "float16")  # XLA:CPU all-reduces/all-gathers them as float32
@@ -86,6 +87,10 @@ class Machine:
 
     hw: Hardware
     mesh: dict[str, int]
+    # dims of the state (donated inputs: weights, optimizer state): a tensor laid out like
+    # one (a weight, its gradient) is independent of the others of its kind, so XLA's
+    # combiners merge its collectives (collectives.COMBINE_BYTES)
+    state_dims: frozenset = frozenset()
     placement: dict[str, tuple[Segment, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,11 +110,37 @@ class Machine:
             return nbytes * 2
         return nbytes
 
-    def comm(self, kind: str, axes: tuple[str, ...], result: int, tensor: str, why: str) -> Comm:
+    def combinable(self, t: Tensor) -> bool:
+        """A scalar (the loss), or a tensor over the dims of a state tensor in any order (a
+        weight, its gradient, transposed or not): independent of the others of its kind."""
+        if t.size == 1:
+            return True
+        return bool(self.state_dims) and frozenset(d for d in t.dims if d) in self.state_dims
+
+    def comm(
+        self, kind: str, axes: tuple[str, ...], result: int, tensor: str, why: str,
+        combined: bool = False,
+    ) -> Comm:  # fmt: skip
         n = split_factor(axes, self.mesh)
         full = result * n if kind in ("reduce-scatter", "all-to-all") else result
-        t = collective_time(self.hw, kind, group_segments(self.placement, axes), full)
-        return Comm(kind, tuple(axes), int(result), t, tensor, why)
+        combined = combined and kind in COMBINED_KINDS.get(self.hw.kind, frozenset())
+        t = collective_time(self.hw, kind, group_segments(self.placement, axes), full, combined)
+        return Comm(kind, tuple(axes), int(result), t, tensor, why, combined)
+
+
+def state_dims(g: Graph, donated) -> frozenset:
+    """The dims of the state (``donated`` input tensors) and, for one a ``scan`` reads, of one
+    layer of it (its leading axis dropped: what the body reads), each as a set: tensors over
+    these dims are weights, their gradients and optimizer moments (:attr:`Machine.state_dims`)."""
+    scanned = {t for op in g.ops if op.primitive == "scan" for t in op.inputs}
+    out = set()
+    for t in donated:
+        dims = g.tensors[t].dims
+        for ds in (dims, dims[1:]) if t in scanned else (dims,):
+            named = frozenset(d for d in ds if d)
+            if named:
+                out.add(named)
+    return frozenset(out)
 
 
 def _axis_positions(layout: Layout) -> dict[str, int]:
@@ -161,7 +192,8 @@ def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
         if axes:  # drop but dst wants is sliced again after
             waiting = waiting[: len(waiting) - len(axes)]
             result = m.wire_bytes(t, nbytes(waiting))
-            out.append(m.comm("all-gather", tuple(axes), result, t.name, "reshard"))
+            out.append(m.comm("all-gather", tuple(axes), result, t.name, "reshard",
+                              m.combinable(t)))  # fmt: skip
     return out
 
 
@@ -185,10 +217,11 @@ def from_partial(
         for a in scatter:
             cur[dp[a]] = cur[dp[a]] + (a,)
         result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-        out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial"))
+        out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial",
+                          m.combinable(t)))  # fmt: skip
     if rest:
         result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-        out.append(m.comm("all-reduce", rest, result, t.name, "partial"))
+        out.append(m.comm("all-reduce", rest, result, t.name, "partial", m.combinable(t)))
     return out + reshard(m, t, tuple(cur), dst)
 
 

@@ -42,6 +42,7 @@ from autolayout.cost_models import (
     op_template,
     op_tensors,
     reshard,
+    state_dims,
     step_time,
 )
 
@@ -353,7 +354,8 @@ def _completions(
 def build(st: Structure, hw: Hardware, mesh: dict[str, int]) -> Request:
     """The request of ``st``'s graph on ``mesh``: strategies and reads (costs on demand)."""
     g = st.graph
-    req = Request(st, Machine(hw, mesh), [], [], [], hw.efficiency.overlap)
+    req = Request(st, Machine(hw, mesh, state_dims(g, st.donated)), [], [], [],
+                  hw.efficiency.overlap)  # fmt: skip
     lid = req.layout_id
     alike: dict[tuple, Node] = {}
     for n, members in enumerate(st.leaders):

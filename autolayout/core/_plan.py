@@ -95,10 +95,11 @@ class Plan:
 
     def collectives(self):
         """One row per collective of one op execution (``count`` executions a step);
-        ``time_s`` is one execution's."""
+        ``time_s`` is one execution's; ``combined``: XLA merges it with others of its kind
+        (the state's gathers and reductions), so it paid its share of one latency."""
         import pandas as pd  # heavy (pandas): only where a table is asked for
 
-        cols = ["op", "kind", "axes", "bytes", "time_s", "count", "tensor", "why"]
+        cols = ["op", "kind", "axes", "bytes", "time_s", "count", "tensor", "why", "combined"]
         return pd.DataFrame(self.collectives_, columns=cols)
 
     def figures(self, by: str = "layer") -> dict[str, Any]:
@@ -216,6 +217,7 @@ class Plan:
                     "count": c["count"],
                     "tensor": c["tensor"],
                     "why": c["why"],
+                    "combined": bool(c.get("combined", False)),
                 }
                 for c in self.collectives_
             ],
@@ -274,6 +276,7 @@ class Plan:
                         "count": c.get("count", 1),
                         "tensor": c.get("tensor", ""),
                         "why": c.get("why", ""),
+                        "combined": bool(c.get("combined", False)),
                     }
                     for c in d["collectives"]
                 ],
