@@ -111,11 +111,12 @@ class Machine:
         return nbytes
 
     def combinable(self, t: Tensor) -> bool:
-        """A scalar (the loss), or a tensor over the dims of a state tensor in any order (a
-        weight, its gradient, transposed or not): independent of the others of its kind."""
-        if t.size == 1:
-            return True
-        return bool(self.state_dims) and frozenset(d for d in t.dims if d) in self.state_dims
+        """In a step with state: a tensor over the dims of a state tensor in any order (a
+        weight, its gradient, transposed or not), or a scalar (the loss, which rides along
+        with the gradients): independent of the others of its kind."""
+        if not self.state_dims:  # no state, no gradients to ride along with
+            return False
+        return t.size == 1 or frozenset(d for d in t.dims if d) in self.state_dims
 
     def comm(
         self, kind: str, axes: tuple[str, ...], result: int, tensor: str, why: str,

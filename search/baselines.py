@@ -167,14 +167,26 @@ def standard_layout(
         return {"data": devices // m, "model": m}, [(batch, ("data",))] + [
             (d, ("model",)) for d in tp
         ]
+    seq = seq_dims(g) if name == "megatron_sp" else []
+    if name == "megatron_sp" and not seq:
+        raise RuleError(f"workload {g.name!r}: no token sequence dim (sequence parallelism)")
     rules = [(batch, ("fsdp",))] + [(d, ("model",)) for d in tp]
-    rules += [(d, ("fsdp",)) for d in fsdp if d not in tp]
-    if name == "megatron_sp":
-        seq = seq_dims(g)
-        if not seq:
-            raise RuleError(f"workload {g.name!r}: no token sequence dim (sequence parallelism)")
-        rules += [(d, ("model",)) for d in seq]
-    return {"fsdp": devices // m, "model": m}, rules
+    rules += [(d, ("fsdp",)) for d in fsdp if d not in seq]  # SP keeps the sequence
+    rules += [(d, ("model",)) for d in seq]
+    return {"fsdp": devices // m, "model": m}, first_rule_per_dim(rules)
+
+
+def first_rule_per_dim(rules: list) -> list:
+    """One rule per dim, the first kept: the batch, then tensor parallelism, then FSDP's
+    weight dims, then sequence parallelism (whose ``seq`` FSDP leaves alone where a position
+    table carries it; two rules for one dim used to fail the whole plan)."""
+    seen: set[str] = set()
+    out = []
+    for d, axes in rules:
+        if d not in seen:
+            seen.add(d)
+            out.append((d, axes))
+    return out
 
 
 def standard_layouts(g: Graph, devices: int, **kw) -> dict[str, tuple[dict[str, int], list]]:
@@ -230,12 +242,14 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
     if len(axes) > 1:
         data, model = axes[:-1], axes[-1:]
         cands["2d"] = [(batch, data)] + [(d, model) for d in tp]
-        cands["megatron_fsdp"] = (
-            [(batch, data)] + [(d, model) for d in tp] + [(d, data) for d in fsdp if d not in tp]
-        )
+        head = [(batch, data)] + [(d, model) for d in tp]
+        cands["megatron_fsdp"] = head + [(d, data) for d in fsdp]
         seq = seq_dims(g)
-        if seq:
-            cands["megatron_sp"] = cands["megatron_fsdp"] + [(d, model) for d in seq]
+        if seq:  # SP keeps the sequence on the model axis, FSDP the rest
+            cands["megatron_sp"] = (
+                head + [(d, data) for d in fsdp if d not in seq] + [(d, model) for d in seq]
+            )
+    cands = {k: first_rule_per_dim(v) for k, v in cands.items()}
     return _dividing(g, mesh, cands)
 
 

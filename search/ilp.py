@@ -242,6 +242,10 @@ def solve(
             return gave_up()
         solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
         solver.parameters.num_workers = workers()
+        # the same answer to the same model wherever the solve ends inside its time: a fixed
+        # seed and CP-SAT's deterministic parallel search (its workers interleaved)
+        solver.parameters.random_seed = 0
+        solver.parameters.interleave_search = True
     code = solver.solve(model)
     dtime = float(solver.response_proto.deterministic_time)
     status = _STATUS.get(code, "UNKNOWN")

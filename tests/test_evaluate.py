@@ -8,7 +8,7 @@ import pytest
 
 import autolayout as al
 from autolayout.search.baselines import standard_layout, standard_layouts
-from conftest import load_model
+from conftest import ROOT, load_model
 
 BF16 = jnp.bfloat16
 
@@ -315,3 +315,20 @@ def test_a_step_that_splits_and_merges_axes_by_reshape_is_priced_as_xla_compiles
                         ({"data": 2, "model": 4}, {"batch": "data", "d_out": "model"})):  # fmt: skip
         v = al.validate(al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g))
         assert v.loc[v["checked"], "ok"].all(), v
+
+
+def test_a_position_table_gets_one_rule_under_sequence_parallelism():
+    """FSDP of an unnamed model picks weight dims by size, a position table's ``seq`` among
+    them; sequence parallelism puts ``seq`` on the model axis: one rule per dim (SP's), and
+    every standard layout prices (it used to fail with 'two rules for dim')."""
+    wl = al.load_workload(ROOT / "experiments/models/pos_table.py")
+    g = al.trace(wl)
+    layouts = standard_layouts(g, 8)
+    assert "megatron_sp" in layouts
+    for name, (mesh, rules) in layouts.items():
+        dims = [d for d, _ in rules]
+        assert len(dims) == len(set(dims)), (name, rules)
+        al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g)
+    mesh, rules = layouts["megatron_sp"]
+    seq = next(d for d, _ in rules[::-1])  # SP's rule comes last
+    assert dict(rules)[seq] == ("model",)

@@ -61,7 +61,7 @@ def test_report_columns_and_totals_match_the_summary(plans):
             assert list(gr.time_s) == sorted(gr.time_s, reverse=True)
         c = p.collectives()
         assert list(c.columns) == ["op", "kind", "axes", "bytes", "time_s", "count", "tensor",
-                                   "why"]  # fmt: skip
+                                   "why", "combined"]  # fmt: skip
         assert (c.time_s * c["count"]).sum() == pytest.approx(s["comm_s"])
 
 
