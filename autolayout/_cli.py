@@ -410,6 +410,12 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
                 err=True,
             )
     _print_plan(p, out)
+    if "lower_bound_s" in p.solver:
+        click.echo(
+            f"bound: no layout on this mesh beats {p.solver['lower_bound_s']:.4g} s "
+            f"({p.solver.get('bound_kind', 'a lower bound')}): this plan is within "
+            f"{p.solver['gap']:.1%} of it"
+        )
     for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
         click.echo(f"note: {note}")
     tried = p.solver["mesh_shapes_tried"]

@@ -89,6 +89,10 @@ def run(layers: int, share: bool, time_limit_s: float) -> dict:
         "step_time_s": p.predicted["step_time_s"],
         "memory_gib": p.predicted["memory_bytes_per_device"] / 2**30,
         "fits": bool(p.predicted["fits"]),
+        "lower_bound_s": s.get("lower_bound_s"),  # no layout on the chosen mesh is faster
+        "gap": s.get("gap"),  # step time / bound - 1
+        "bound_kind": s.get("bound_kind", ""),
+        "bound_s": s.get("bound_s"),  # seconds the bound took (in wall_s)
         "reference_s": ref,
     }
 

@@ -206,6 +206,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         row["chosen"] = r is win
         tried.append(row)
     solver_source = source
+    bound, bound_s, bound_kind = _bound(win)
     priced["predicted"]["memory_limit_bytes"] = limit
     priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
     solver = {
@@ -225,7 +226,32 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     }
     if win.least_memory is not None:
         solver["least_memory_bytes"] = win.least_memory
+    if bound is not None:
+        step = priced["predicted"]["step_time_s"]
+        solver["lower_bound_s"] = bound  # no layout on this mesh is faster (memory aside)
+        solver["gap"] = max(0.0, step / bound - 1.0) if bound > 0 else 0.0
+        solver["bound_s"] = bound_s
+        solver["bound_kind"] = bound_kind
     return plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+
+
+def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
+    """A lower bound on the step time of any layout on the winning mesh shape: CP-SAT's bound
+    where the whole formulation was solved (every strategy, resharding and the memory rows:
+    no *fitting* layout is faster), else every op at its cheapest strategy with resharding
+    and memory free (``Request.lower_bound``: weak where resharding or memory decide).
+    Returns the bound (None where there is no request) and the seconds it took."""
+    req = win.request
+    if req is None:
+        return None, 0.0, ""
+    t = time.perf_counter()
+    if win.lower_bound is None:
+        win.lower_bound = req.lower_bound()
+    bound = max(win.lower_bound, req.whole_bound or 0.0)
+    return bound, time.perf_counter() - t, (
+        "the ILP's bound over every fitting layout" if bound > win.lower_bound
+        else "every op at its cheapest split, resharding and memory free"
+    )  # fmt: skip
 
 
 def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:

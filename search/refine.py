@@ -97,6 +97,8 @@ def refine(
             req, limit, None, best.choice, min(time_limit_s, FULL_S), rows, t_end
         )
         status = sol.status if sol is not None else "UNKNOWN"
+        if sol is not None and sol.bound_s is not None and status in ("OPTIMAL", "FEASIBLE"):
+            req.whole_bound = sol.bound_s
         if cand is not None and _score(cand, limit) <= _score(best, limit):
             best = cand
         if status == "FEASIBLE":

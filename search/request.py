@@ -96,6 +96,9 @@ class Request:
     _bytes: dict[tuple, int] = field(default_factory=dict)
     _liveness: Any = None  # memory_peak's layout ids per buffer kind and reader
     _wanted_by: dict[tuple[int, int], dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    # CP-SAT's bound on the objective where the whole formulation (every strategy, the memory
+    # rows) was solved: no fitting layout on this mesh is faster
+    whole_bound: float | None = None
 
     def wanting(self, n: int, pos: int) -> dict[int, tuple[int, ...]]:
         """Node ``n``'s strategies by the layout they want input ``pos`` in."""

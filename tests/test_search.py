@@ -464,3 +464,24 @@ def test_a_deterministic_time_limit_holds_on_the_wall_clock():
     if not p.solver["deterministic"]:
         assert "wall-clock limit came before the work limit" in p.solver["stopped"]
     assert p.status != "TIMEOUT" or wall >= 5 * 0.9  # TIMEOUT means the limit was reached
+
+
+def test_a_plan_states_a_lower_bound_no_layout_on_its_mesh_beats():
+    """plan.solver carries a lower bound on the step time over its mesh and the plan's gap to
+    it; every standard layout laid on that mesh that fits prices at or above the bound."""
+    from autolayout.search.baselines import layouts_on
+    from conftest import load_model
+
+    wl = load_model("mlp")
+    p = al.plan(wl, "cpu-8", time_limit_s=10, deterministic=True)
+    bound, gap = p.solver["lower_bound_s"], p.solver["gap"]
+    assert 0 < bound <= p.predicted["step_time_s"] * (1 + 1e-9)
+    assert gap == pytest.approx(max(0.0, p.predicted["step_time_s"] / bound - 1))
+    g = al.trace(wl)
+    priced = 0
+    for name, rules in layouts_on(g, p.mesh).items():
+        e = al.evaluate(wl, "cpu-8", mesh=p.mesh, rules=rules, graph=g).predicted
+        if e["fits"]:
+            priced += 1
+            assert e["step_time_s"] >= bound * (1 - 1e-6), name
+    assert priced >= 2
