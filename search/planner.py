@@ -43,6 +43,11 @@ from .seeds import ShapeResult, _score, seeds
 from .structure import analyse
 
 REFINE = 3  # shapes refined by the ILP (best seeds first)
+# past those, a shape whose best seed is within this factor of the best answer so far is
+# refined too while time is left: refinement can take a seed past the others' answers (a
+# Llama-8B shape on h100-64: 8x8's seed, unrefined, lost to 4x4x4's answer; refined, 8x8
+# wins), and the plan must not be worse than the answer on a mesh the user could fix
+REFINE_MORE = 1.25
 LEAST_MEMORY_S = 1.0  # time left below which nothing-fits skips the least-memory search
 FINAL_SHARE = 0.5  # of the time limit kept for pricing the winner exactly, at most
 # the time kept for the final pricing, from the analysis's: pricing the winner, the report's
@@ -161,7 +166,9 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         ts = time.perf_counter()
         if now() < deadline and _pruned(r, best_time, full_limit):
             continue
-        if refined >= refine_shapes:
+        if refined >= refine_shapes and not (
+            r.best.fits(limit) and r.best.step_time_s <= REFINE_MORE * best_time
+        ):  # past the best few, a shape whose seed is near the best answer is refined too
             r.status, r.note = "SEEDED", f"not among the {refine_shapes} best seeded shapes"
             continue
         if r.lower_bound is None and r.best.fits(limit) and r.best.step_time_s > prune * best_time:
@@ -171,7 +178,13 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         if left <= 0.1:
             r.status, r.note = "SEEDED", "time limit"
             continue
-        turns = min(len(order) - k, refine_shapes - refined)  # this one and those to come
+        if refined < refine_shapes:
+            turns = min(len(order) - k, refine_shapes - refined)  # this one and those to come
+        else:  # the near ones left share what time is left
+            turns = sum(
+                1 for q in order[k:]
+                if q.best.fits(limit) and q.best.step_time_s <= REFINE_MORE * best_time
+            )  # fmt: skip
         refined += 1
         if r.greedy is None:  # made already where the sweep reached the shape
             r.greedy = seeds(r.request, limit, now() + left / turns / 3)
