@@ -107,11 +107,18 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     names = _axis_names(g, r, c.choice)
     mesh = {names[a]: n for a, n in r.mesh.items()}
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
+    step, rules, layouts, priced = _rules_exactly(g, hw, mesh, rules, st)
+    return step, r, name, mesh, rules, layouts, priced, names
+
+
+def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure):
+    """The search's derived rules applied to every tensor, as ``al.evaluate`` prices them:
+    (step time, rules, layouts, priced)."""
     rs = RuleSet(g, mesh, rules)
     layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
     priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups),
                    donated=st.donated)  # fmt: skip
-    return priced["predicted"]["step_time_s"], r, name, mesh, rs.rules, layouts, priced, names
+    return priced["predicted"]["step_time_s"], rs.rules, layouts, priced
 
 
 def canonical(req: Request, choice: list[int]) -> list[int]:
@@ -174,6 +181,10 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     hand = None
     if check_hand and status != "INFEASIBLE":
         hand = _hand_exactly(g, hw, results, limit, st)
+        if exceptions and rules:  # the search's own rules, every tensor laid out by them
+            mine = _rules_exactly(g, hw, mesh, rules, st)
+            if hand is None or mine[0] < hand[0]:
+                hand = (mine[0], win, "its rules", mesh, mine[1], mine[2], mine[3], names)
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
@@ -182,12 +193,18 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         simpler = bool(exceptions) and hand[0] <= searched * (1 + SIMPLER_WITHIN)
         if hand_mem <= limit and (faster or simpler or mem > limit):
             _, win, name, mesh, rules, layouts, priced, names = hand
-            c = win.hand[name]
-            win.best = Candidate(c.choice, hand[0], hand_mem, name)
+            if name in (win.hand or {}):
+                c = win.hand[name]
+                win.best = Candidate(c.choice, hand[0], hand_mem, name)
+            else:  # the search's own rules without their exceptions
+                win.best = Candidate(win.best.choice, hand[0], hand_mem, "search rules")
+            what = f"hand layout {name!r}" if name != "its rules" else (
+                "the search's rules without their exceptions"
+            )  # fmt: skip
             source = (
-                f"hand layout {name!r}: its rules, priced exactly, beat the search's best"
+                f"{what}: its rules, priced exactly, beat the search's best"
                 if faster or mem > limit
-                else f"hand layout {name!r}: within {SIMPLER_WITHIN:.0%} of the search's best "
+                else f"{what}: within {SIMPLER_WITHIN:.0%} of the search's best "
                 f"({searched:.4g} s, {len(exceptions)} exceptions to its rules) and plain rules"
             )
             exceptions = []
