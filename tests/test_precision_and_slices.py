@@ -89,3 +89,14 @@ def test_bad_multislice_names_fail_in_one_line(name):
     with pytest.raises(al.HardwareError) as e:
         al.hardware(name)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("hw", ["a100-80gb-8", "h100-8", "h200-8", "b200-8", "gb200-nvl72-72"])
+def test_every_gpu_profile_plans_a_float32_model(hw):
+    """A user's float32 transformer (no names, AdamW) plans on every GPU profile: its dots
+    run as TF32 there, as JAX runs them (the profiles used to refuse float32)."""
+    wl = al.load_workload("experiments/models/my_transformer.py", layers=2, d_model=128,
+                          d_ff=512, batch=72)  # fmt: skip
+    p = al.plan(wl, hw, time_limit_s=5, deterministic=True)
+    assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") and p.predicted["fits"]
+    assert p.predicted["dtype"] == "float32" and p.predicted["mfu"] > 0
