@@ -45,11 +45,17 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 # combines all-reduces only (measured: the example models' FSDP all-gathers compile one each),
 # with no limit found (66 MB of my_transformer's gradients compile to one all-reduce).
 COMBINE_BYTES = {"gpu": 30 * 2**20, "tpu": 30 * 2**20, "cpu": 2**30}
+_REDUCTIONS_AND_GATHERS = frozenset({"all-gather", "reduce-scatter", "all-reduce"})
 COMBINED_KINDS = {
-    "gpu": frozenset({"all-gather", "reduce-scatter", "all-reduce"}),
-    "tpu": frozenset({"all-gather", "reduce-scatter", "all-reduce"}),
+    "gpu": _REDUCTIONS_AND_GATHERS,
+    "tpu": _REDUCTIONS_AND_GATHERS,
     "cpu": frozenset({"all-reduce"}),
 }
+
+
+def combines(hw: Hardware, kind: str) -> bool:
+    """Whether ``hw``'s XLA backend merges independent collectives of ``kind``."""
+    return kind in COMBINED_KINDS.get(hw.kind, frozenset())
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +189,7 @@ def collective_time(
     if kind == "collective-permute":  # one message to a neighbour over one link; on a
         # group spanning several links (NVLink and the network) some pairs cross the slowest
         return max(s.latency_s + full_bytes / _eff_bw(hw, s) for s in segments if s.length > 1)
-    combined = combined and kind in COMBINED_KINDS.get(hw.kind, frozenset())
+    combined = combined and combines(hw, kind)
     share = min(1.0, full_bytes / COMBINE_BYTES[hw.kind]) if combined else 1.0
     if hw.kind == "tpu":
         return _torus_time(hw, kind, segments, n, full_bytes, share)

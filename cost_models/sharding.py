@@ -31,8 +31,6 @@ import math
 from dataclasses import dataclass, field
 
 from autolayout.core import (
-    ATTENTION_BWD,
-    ATTENTION_FWD,
     ELEMENTWISE,
     LOOP_OPS,
     Graph,
@@ -48,8 +46,8 @@ from autolayout.core import (
     split_factor,
 )
 
-from .collectives import COMBINED_KINDS, Segment, collective_time, group_segments, place_mesh
-from .compute import ATTENTION_OPS, MATRIX_OPS, op_time
+from .collectives import Segment, collective_time, combines, group_segments, place_mesh
+from .compute import ATTENTION_OPS, KERNEL_OPS, MATRIX_OPS, op_time
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -124,7 +122,7 @@ class Machine:
     ) -> Comm:  # fmt: skip
         n = split_factor(axes, self.mesh)
         full = result * n if kind in ("reduce-scatter", "all-to-all") else result
-        combined = combined and kind in COMBINED_KINDS.get(self.hw.kind, frozenset())
+        combined = combined and combines(self.hw, kind)
         t = collective_time(self.hw, kind, group_segments(self.placement, axes), full, combined)
         return Comm(kind, tuple(axes), int(result), t, tensor, why, combined)
 
@@ -259,9 +257,9 @@ def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
                 fixed.add((ins[1], s["rhs"]))
             else:  # "kernel": the weight gradient's window axis stays whole
                 fixed.add((op.outputs[0], s["out"]))
-    elif p == "pallas_call":  # a custom call XLA cannot partition: whole on every device
+    elif p in KERNEL_OPS:  # a custom call XLA cannot partition: whole on every device
         fixed.update((t, a) for t in op_tensors(op) for a in range(len(g.tensors[t].shape)))
-    elif p in ATTENTION_FWD or p in ATTENTION_BWD:  # cuDNN splits batch and heads only
+    elif p in ATTENTION_OPS:  # cuDNN splits batch and heads only
         ax = attention_axes(op.param("layout", 0))
         like_q, like_k, stat = _attention_roles(op)
         for t in like_q + like_k:
@@ -559,7 +557,7 @@ def _op_groups(g: Graph, op: Op) -> list[Group]:
     links = list(op.links)
     if op.primitive == "conv_general_dilated":
         links += _conv_joins(g, op)
-    elif op.primitive in ATTENTION_FWD or op.primitive in ATTENTION_BWD:
+    elif op.primitive in ATTENTION_OPS:
         links += _attention_joins(op)
     for link in links:
         live = [k for k in link if k in parent]
@@ -762,7 +760,7 @@ def op_cost(
         nbytes = 0.0
     else:
         nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
-        if op.primitive == "pallas_call":  # its author's estimate of its HBM traffic
+        if op.primitive in KERNEL_OPS:  # its author's estimate of its HBM traffic
             nbytes = op.param("bytes_accessed", nbytes)
         elif op.primitive in MATRIX_OPS or op.primitive in ATTENTION_OPS:
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))

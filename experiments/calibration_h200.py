@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import autolayout as al  # noqa: E402
+from autolayout.runtime.calibrate import fit_rate_and_call  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -47,28 +48,19 @@ def read(name: str) -> list[dict]:
 def fit_attention(rows: list[dict], impl: str = "cudnn") -> dict:
     """Least squares of ``t = F / (peak * eff) + call`` over ``impl``'s rows; F as the table
     counts it (3.5 x the causal forward's matmul FLOPs). Leave-one-out: each row predicted by
-    the fit of the others."""
+    the fit of the others (``autolayout calibrate``'s fit, on the table's rows)."""
     rs = [r for r in rows if r["impl"] == impl]
-    flops = np.array([float(r["tflops"]) * 1e12 * float(r["fwd_bwd_s"]) for r in rs])
-    t = np.array([float(r["fwd_bwd_s"]) for r in rs])
-    a = np.c_[flops, np.ones_like(flops)]
-
-    def solve(m):
-        (inv_rate, call), *_ = np.linalg.lstsq(a[m], t[m], rcond=None)
-        return inv_rate, call
-
-    inv_rate, call = solve(np.ones(len(t), bool))
-    loo = []
-    for i in range(len(t)):
-        m = np.arange(len(t)) != i
-        ir, c = solve(m)
-        loo.append(float((flops[i] * ir + c) / t[i]))
+    flops = [float(r["tflops"]) * 1e12 * float(r["fwd_bwd_s"]) for r in rs]
+    t = [float(r["fwd_bwd_s"]) for r in rs]
+    fit = fit_rate_and_call(flops, t)
     return {
         "impl": impl,
-        "efficiency": float(1 / inv_rate / PEAK_BF16),
-        "call_s": float(call),
-        "in_sample_ratio": [float(x) for x in (a @ [inv_rate, call]) / t],
-        "leave_one_out_ratio": loo,
+        "efficiency": fit["rate"] / PEAK_BF16,
+        "call_s": fit["call_s"],
+        "in_sample_ratio": [
+            (f / fit["rate"] + fit["call_s"]) / s for f, s in zip(flops, t, strict=True)
+        ],
+        "leave_one_out_ratio": fit["leave_one_out_ratio"],
         "rows": [f"B={r['B']} S={r['S']} H={r['H']}" for r in rs],
     }
 

@@ -30,7 +30,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from autolayout.core import HardwareError, load_profile, profile_path
+from autolayout.core import (
+    ATTENTION_BWD_FLOPS,
+    HardwareError,
+    attention_keys,
+    load_profile,
+    profile_path,
+)
 
 __all__ = ["calibrate", "fit_rate_and_call", "write_profile"]
 
@@ -100,7 +106,8 @@ def _attention(dev, shapes: Sequence[tuple[int, int, int, int]], reps: int) -> d
 
         f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
         sec = _seconds(f, q, q, q, reps=reps)
-        flops = 3.5 * 4.0 * b * h * s * (s + 1) / 2 * k  # forward 1x, backward 2.5x (flash)
+        # as the cost model counts the two kernels (forward 1x, backward 2.5x)
+        flops = (1 + ATTENTION_BWD_FLOPS) * 4.0 * b * h * s * attention_keys(s, s, True, None) * k
         rows.append({"B": b, "S": s, "H": h, "K": k, "seconds": sec, "flops": flops})
     fit = fit_rate_and_call([r["flops"] for r in rows], [r["seconds"] for r in rows])
     return {"rows": rows, **fit}
@@ -138,9 +145,7 @@ def _collective_fn(kind: str, mesh: Mesh, axis: str, n: int):
             return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
         return jax.lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)])
 
-    out_spec = P() if kind == "all-gather" else spec
-    if kind == "all-gather":
-        out_spec = P(None)
+    out_spec = P(None) if kind == "all-gather" else spec
     f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=out_spec, check_vma=False)
     return jax.jit(f), NamedSharding(mesh, spec)
 
@@ -257,8 +262,8 @@ def calibrate(
         eff["attention"] = min(1.0, att["rate"] / peaks.get("bf16", peaks[main]))
         eff["attention_call_s"] = max(att["call_s"], 0.0)
     prof["chip"], prof["efficiency"] = chip, eff
-    if coll:
-        fit = _collective_fit(coll)
+    fit = _collective_fit(coll) if coll else None
+    if fit:
         if "host" in prof:
             prof["host"] = {"bandwidth": fit["bandwidth"], "latency_s": fit["latency_s"]}
             eff["collective"] = 1.0
@@ -286,7 +291,7 @@ def calibrate(
         "attention_note": att.get("skipped", ""),
         "conv": conv,
         "collectives": coll,
-        "collective_fit": _collective_fit(coll)["how"] if coll else "",
+        "collective_fit": fit["how"] if fit else "",
     }
     return prof
 

@@ -282,32 +282,21 @@ def _convert_elements(hlo: str) -> float:
     return float(total)
 
 
-def combined_count(
-    rows, graph=None, kinds: frozenset = frozenset({"all-reduce"}), limit: int = 2**30
-) -> int:
+def combined_count(rows, graph, kinds: frozenset, limit: int) -> int:
     """Collectives a step runs once XLA's combiners have merged what they can: in program
     order, a collective of a combined kind joins the open bucket of its kind, group and loop
     trip count when it does not depend on a collective already in it (XLA combines only
     independent ones) and the bucket stays under ``limit`` bytes; a scanned body's merge
-    once per iteration. Without the graph, only the ``combined`` rows merge, by bytes."""
+    once per iteration."""
     if not len(rows):
         return 0
-    if graph is None:
-        comb = rows["combined"].astype(bool)
-        n = int(rows.loc[~comb, "count"].sum())
-        for (_, _, trips), grp in rows[comb].groupby(
-            [rows["kind"], rows["axes"].map(tuple), rows["count"]], sort=False
-        ):
-            n += int(trips) * max(1, -(-int(grp["bytes"].sum()) // limit))
-        return n
-    order = {op.name: i for i, op in enumerate(graph.ops)}
     by_op: dict[str, list] = {}
     for r in rows.itertuples(index=False):
         by_op.setdefault(r.op, []).append(r)
     dep: dict[str, int] = {}  # tensor -> bitmask of the collectives it depends on
     buckets: dict[tuple, list[int]] = {}  # key -> [mask of members, bytes]
     n, bit = 0, 0
-    for op in sorted(graph.ops, key=lambda o: order[o.name]):
+    for op in graph.ops:
         mask = 0
         for t in op.inputs:
             mask |= dep.get(t, 0)

@@ -85,6 +85,7 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
 # in a few lines and trusts, for at most 1% of predicted time (the cost model's own error
 # on published runs is larger: docs/decisions.md, Measured).
 SIMPLER_WITHIN = 0.01
+OWN_RULES = "its rules"  # the search's derived rules, priced without its exceptions
 
 
 def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
@@ -184,7 +185,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         if exceptions and rules:  # the search's own rules, every tensor laid out by them
             mine = _rules_exactly(g, hw, mesh, rules, st)
             if hand is None or mine[0] < hand[0]:
-                hand = (mine[0], win, "its rules", mesh, mine[1], mine[2], mine[3], names)
+                hand = (mine[0], win, OWN_RULES, mesh, mine[1], mine[2], mine[3], names)
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
@@ -193,14 +194,12 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         simpler = bool(exceptions) and hand[0] <= searched * (1 + SIMPLER_WITHIN)
         if hand_mem <= limit and (faster or simpler or mem > limit):
             _, win, name, mesh, rules, layouts, priced, names = hand
-            if name in (win.hand or {}):
-                c = win.hand[name]
-                win.best = Candidate(c.choice, hand[0], hand_mem, name)
-            else:  # the search's own rules without their exceptions
+            if name == OWN_RULES:
                 win.best = Candidate(win.best.choice, hand[0], hand_mem, "search rules")
-            what = f"hand layout {name!r}" if name != "its rules" else (
-                "the search's rules without their exceptions"
-            )  # fmt: skip
+                what = "the search's rules without their exceptions"
+            else:
+                win.best = Candidate(win.hand[name].choice, hand[0], hand_mem, name)
+                what = f"hand layout {name!r}"
             source = (
                 f"{what}: its rules, priced exactly, beat the search's best"
                 if faster or mem > limit

@@ -162,13 +162,15 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         order = _sweep(order, limit, deadline)
     best_time = math.inf
     refined = 0  # shapes refined so far (a pruned one takes no turn)
+
+    def near(q: ShapeResult) -> bool:  # a seed close enough to the best answer to refine
+        return q.best.fits(limit) and q.best.step_time_s <= REFINE_MORE * best_time
+
     for k, r in enumerate(order):
         ts = time.perf_counter()
         if now() < deadline and _pruned(r, best_time, full_limit):
             continue
-        if refined >= refine_shapes and not (
-            r.best.fits(limit) and r.best.step_time_s <= REFINE_MORE * best_time
-        ):  # past the best few, a shape whose seed is near the best answer is refined too
+        if refined >= refine_shapes and not near(r):  # past the best few, near ones too
             r.status, r.note = "SEEDED", f"not among the {refine_shapes} best seeded shapes"
             continue
         if r.lower_bound is None and r.best.fits(limit) and r.best.step_time_s > prune * best_time:
@@ -181,10 +183,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         if refined < refine_shapes:
             turns = min(len(order) - k, refine_shapes - refined)  # this one and those to come
         else:  # the near ones left share what time is left
-            turns = sum(
-                1 for q in order[k:]
-                if q.best.fits(limit) and q.best.step_time_s <= REFINE_MORE * best_time
-            )  # fmt: skip
+            turns = sum(near(q) for q in order[k:])
         refined += 1
         if r.greedy is None:  # made already where the sweep reached the shape
             r.greedy = seeds(r.request, limit, now() + left / turns / 3)

@@ -8,6 +8,7 @@ from ._dim_rules import ATTENTION_BWD_FLOPS as ATTENTION_BWD_FLOPS
 from ._dim_rules import ATTENTION_FWD as ATTENTION_FWD
 from ._dim_rules import ELEMENTWISE as ELEMENTWISE
 from ._dim_rules import attention_axes as attention_axes
+from ._dim_rules import attention_keys as attention_keys
 from ._errors import AutolayoutError as AutolayoutError
 from ._errors import HardwareError as HardwareError
 from ._errors import LayoutError as LayoutError

@@ -477,15 +477,18 @@ def _attention(b, eqn, ins, outs):
     like_q = [q, outs[0]] + ([ins[-2], ins[-1]] if bwd else [])  # o, do (bwd)
     like_k = [k, v] + (list(outs[1:3]) if bwd else [])
     stat = ins[-3] if bwd else (outs[1] if len(outs) > 1 else None)
-    b.link(*[(x, ax["b"]) for x in like_q + like_k], *([(stat, 0)] if stat is not None else []))
-    b.link(*[(x, ax["t"]) for x in like_q], *([(stat, 2)] if stat is not None else []))
+
+    def stat_axis(a: int) -> list:  # the statistics [B, N, T], where the op has them
+        return [(stat, a)] if stat is not None else []
+
+    b.link(*[(x, ax["b"]) for x in like_q + like_k], *stat_axis(0))
+    b.link(*[(x, ax["t"]) for x in like_q], *stat_axis(2))
+    heads_q = [(x, ax["n"]) for x in like_q] + stat_axis(1)
     heads_k = [(x, ax["n"]) for x in like_k]
     if ks[ax["n"]] == n:  # multi-head: one heads dim; grouped-query: joined by the cost model
-        b.link(
-            *[(x, ax["n"]) for x in like_q], *([(stat, 1)] if stat is not None else []), *heads_k
-        )
+        b.link(*heads_q, *heads_k)
     else:
-        b.link(*[(x, ax["n"]) for x in like_q], *([(stat, 1)] if stat is not None else []))
+        b.link(*heads_q)
         b.link(*heads_k)
     b.link(*[(x, ax["t"]) for x in like_k])
     b.link(*[(x, ax["h"]) for x in like_q + like_k])
@@ -517,9 +520,8 @@ def _pallas_call(b, eqn, ins, outs):
     ce = eqn.params.get("cost_estimate")
     if ce is None:
         raise ValueError("a pallas_call without a cost_estimate: its work is unknown")
-    name = getattr(eqn.params.get("name_and_src_info"), "name", None) or eqn.params.get("name")
     params = {
-        "kernel": str(name or "pallas"),
+        "kernel": str(eqn.params.get("name") or "pallas"),
         "bytes_accessed": float(ce.bytes_accessed),
         "transcendentals": float(ce.transcendentals),
     }

@@ -593,8 +593,7 @@ def _multislice(name: str, slices: int, one: Hardware) -> Hardware:
         raise HardwareError(
             f"hardware {name!r}: {one.source} gives no [dcn] bandwidth_per_chip to join slices by"
         )
-    topo = Torus(t.shape, t.wraparound, t.link_bandwidth, t.latency_s, t.dcn_bandwidth,
-                 slices * t.slices, t.dcn_latency_s)  # fmt: skip
+    topo = replace(t, slices=slices * t.slices)
     return replace(one, name=name, num_devices=one.num_devices * slices, topology=topo)
 
 
