@@ -5,10 +5,12 @@ would still hold at most one axis of a tensor and one user name)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ._builder import _Builder
 from ._errors import WorkloadError
 from ._ir import LOOP_OPS, Dim, Loop
+from ._roles import copy_groups, path_name, role_names
 
 # --- dead code -------------------------------------------------------------------------------
 
@@ -91,9 +93,9 @@ def _dims(
     sizes: list[int],
     fam: _UnionFind,
     live: set[int],
-) -> tuple[_UnionFind, dict[int, str]]:
-    """Union-find that keeps one axis per tensor and one user name per class; returns it and
-    the user name of each named root."""
+) -> tuple[_UnionFind, dict[int, str], Callable[[int, int], bool]]:
+    """Union-find that keeps one axis per tensor and one user name per class; returns it,
+    the user name of each named root and its guarded union."""
     uf = _UnionFind(b.nax)
     parent = uf.parent
     members: dict[int, set[int]] = {}
@@ -150,6 +152,15 @@ def _dims(
             rx, ry = find(x), find(y)
             if rx != ry:
                 join(rx, ry)
+    # The same place in every copy of a layer is one dim: the d_ff of layer 17 is layer 0's
+    # (where the user named every input axis, the names already say so)
+    unnamed = any(
+        b.shapes[t][a] > 1 and find(b.key(t, a)) not in names
+        for t in live if b.roles[t] == "input" for a in range(len(b.shapes[t]))
+    )  # fmt: skip
+    for group in copy_groups(b, live) if unnamed else ():
+        for k in group[1:]:
+            union(group[0], k)
     # Classes of one family that no tensor holds together are one dim: the key sequence of
     # every unrolled layer is one "seq#2", not a dim per layer.
     by_family: dict[int, list[int]] = {}
@@ -161,19 +172,70 @@ def _dims(
         for r in roots:
             if not any(union(q, r) for q in reps):
                 reps.append(r)
-    return uf, names
+    return uf, names, union
+
+
+def _labels(b, inputs, live, data, root, fam, user_names, find):
+    """Names from the user, by role, of reshapes' merges and of weights' paths: ``(label per
+    root, the names taken, the roots of each role name and role merge)``."""
+    label: dict[int, str] = {}
+    taken: set[str] = set()
+    by_role: dict[str, list[int]] = {}
+
+    def claim(r: int, name: str, role: bool = False) -> None:
+        base, k = name, 2
+        while name in taken:
+            name, k = f"{base}#{k}", k + 1
+        label[r] = name
+        taken.add(name)
+        if role:
+            by_role.setdefault(base, []).append(r)
+
+    for r, n in user_names.items():
+        if find(r) == r:
+            claim(r, n)
+    for r, n in role_names(b, root, fam.find, data, live, lambda r: r in label):
+        if r not in label:
+            claim(r, n, True)
+    roles = {r for rs in by_role.values() for r in rs}
+    for op in b.ops:  # dims a reshape merged or split
+        for ga, gc in op.param("groups", ()) if op.primitive == "reshape" else ():
+            src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
+            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                if len(one) == 1 and len(many) > 1:
+                    r = root[b.key(t1, one[0])]
+                    rs = [root[b.key(tm, a)] for a in many]
+                    parts = [label.get(x) for x in rs]
+                    if r not in label and all(parts):
+                        claim(r, "*".join(p for p in parts if p), all(x in roles for x in rs))
+    for t in inputs:
+        for axis in range(len(b.shapes[t])):
+            r = root[b.key(t, axis)]
+            if r >= 0 and r not in label:
+                claim(r, f"{path_name(b.paths[t] or '')}.{axis}")
+    return label, taken, by_role
 
 
 def _name_dims(
-    b: _Builder, inputs: list[int], live: set[int]
+    b: _Builder, inputs: list[int], live: set[int], data: set[int] = frozenset()
 ) -> tuple[list[str | None], dict[str, Dim]]:
+    """Each axis key's dim name and the dims: the user's names first, then names by role
+    (``_roles``) for the data inputs ``data`` and what the program's structure shows, then
+    reshapes' merges of named dims, weights' paths, a named dim's family, the producing op."""
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     fam = _families(b)
-    dim, user_names = _dims(b, owner, sizes, fam, live)
-    root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
-    label: dict[int, str] = {}
-    taken: set[str] = set()
+    dim, user_names, union = _dims(b, owner, sizes, fam, live)
+    for _ in range(3):  # dims of one role that no tensor holds together are one dim
+        root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
+        label, taken, by_role = _labels(b, inputs, live, data, root, fam, user_names, dim.find)
+        merged = False
+        for rs in by_role.values():
+            for r in rs[1:]:
+                if sizes[r] == sizes[rs[0]] and dim.find(r) != dim.find(rs[0]):
+                    merged |= union(rs[0], r)
+        if not merged:
+            break
 
     def claim(r: int, name: str) -> None:
         base, k = name, 2
@@ -182,23 +244,6 @@ def _name_dims(
         label[r] = name
         taken.add(name)
 
-    for r, n in user_names.items():
-        if dim.find(r) == r:
-            claim(r, n)
-    for t in inputs:
-        for axis in range(len(b.shapes[t])):
-            r = root[b.key(t, axis)]
-            if r >= 0 and r not in label:
-                claim(r, f"{b.paths[t]}.{axis}")
-    for op in b.ops:  # dims a reshape merged or split
-        for ga, gc in op.param("groups", ()) if op.primitive == "reshape" else ():
-            src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
-            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
-                if len(one) == 1 and len(many) > 1:
-                    r = root[b.key(t1, one[0])]
-                    parts = [label.get(root[b.key(tm, a)]) for a in many]
-                    if r not in label and all(parts):
-                        claim(r, "*".join(p for p in parts if p))
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})
     for r in order:

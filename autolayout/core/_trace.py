@@ -12,9 +12,12 @@ run over the links in program order:
   tensor, and at most one user-given name. Attention's scores ``[b, h, s, s]`` thus carry
   two dims of the ``seq`` family, and a user's ``heads`` never becomes their ``d_ff``.
 
-Dims are named, in order of preference, by the user's ``al.spec`` names, by the input's
-pytree path and axis (``params/wq.1``), by the dims a reshape merged (``heads*head_dim``),
-as a further member of a named family (``seq#2``), or by the op that produced them.
+The same place in every copy of a layer is one dim (``_roles.copy_groups``). Dims are
+named, in order of preference, by the user's ``al.spec`` names, by their role found from the
+program's structure (``_roles.role_names``: ``batch``, ``vocab``, ``heads``, ``d_ff``...), by
+the dims a reshape merged (``heads*head_dim``), by a weight's path without its layer index
+and axis (``down_proj.1``), as a further member of a named family (``seq#2``), or by the op
+that produced them.
 """
 
 from __future__ import annotations
@@ -503,15 +506,21 @@ def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dic
         )
     b = _Builder(visits)
     argnames = workload.argnames
-    ins = []
+    ins, data = [], set()
     for v, (path, leaf) in zip(jaxpr.invars, leaves, strict=True):
         t = b.new(v.aval, "input", path_str(path, argnames))
         if isinstance(leaf, Spec):
             b.user[t] = leaf.dims
         ins.append(t)
+        arg = path[0].idx if path and hasattr(path[0], "idx") else -1
+        # the data: arguments the step does not donate (its state), or those called batch
+        if (b.paths[t] or "").startswith("batch") or (
+            workload.donate_argnums and arg not in workload.donate_argnums
+        ):
+            data.add(t)
     outs = _walk(b, jaxpr, ins, _consts(b, jaxpr))
     live = _eliminate_dead(b, outs) | set(ins)
-    axis_dims, dims = _name_dims(b, ins, live)
+    axis_dims, dims = _name_dims(b, ins, live, data)
     tensors = {}
     for t, shape in enumerate(b.shapes):
         if t not in live:

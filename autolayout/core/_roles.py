@@ -1,0 +1,233 @@
+"""Names for a model that names nothing: the dims of every copy of a layer found to be one
+dim (Weisfeiler-Lehman colours of the program), and dims named by the role they play, found
+from the program's structure alone (no library is special-cased):
+
+* ``batch``: the leading axis of the data inputs; ``seq``: axis 1 of an integer rank-2 one.
+* ``vocab``: an axis a gather indexes with values derived from integer data (the embedding
+  table's rows, the loss's logits); ``d_model``: the other axis of a rank-2 weight so indexed
+  (else, in a model with attention, the dim most weights carry).
+* ``heads``: the batch dims (not ``batch``) of a dot of two activations, one of whose
+  results a softmax reduces; ``head_dim``: that dot's contracted dim (the key sequence is the
+  one a softmax reduces); ``kv_heads``: the first part a reshape merges into ``heads``
+  (grouped-query attention's repeat).
+* ``d_ff``: a dim a weight matmul produces from ``d_model`` and another contracts back into
+  ``d_model`` (an MLP's hidden units: the column/row pair Megatron splits).
+* otherwise a weight's path without its layer index and generic leaf names
+  (``down_proj.0`` for ``params/model/layers/17/mlp/down_proj/kernel`` axis 0)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ._builder import _Builder
+
+WL_ROUNDS = 3  # enough to tell q from o in one layer, few enough for the first layer to match
+INT_DEPTH = 8  # ops from an integer data input to the indices a gather reads
+GENERIC_LEAVES = frozenset({"kernel", "weight", "weights", "bias", "scale", "embedding", "w", "b",
+                            "params", "param", "value", "raw_value", "variables"})  # fmt: skip
+_DIGITS = re.compile(r"\d+")
+
+
+def _h(x) -> int:
+    try:
+        return hash(x)
+    except TypeError:
+        return hash(repr(x))
+
+
+def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
+    """Groups of axis keys at one place of structurally identical ops or inputs (layer
+    copies): the same Weisfeiler-Lehman colour after ``WL_ROUNDS`` rounds over producers and
+    readers, the same output position and axis. Inputs start from their path with the digits
+    taken out (``layers/17/...`` is ``layers/#/...``), shape and dtype."""
+    ops = b.ops
+    io = [([int(t[1:]) for t in op.inputs], [int(t[1:]) for t in op.outputs]) for op in ops]
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for i, (ins, _) in enumerate(io):
+        for p, t in enumerate(ins):
+            readers.setdefault(t, []).append((i, p))
+    sources = sorted(t for t in live if b.roles[t] == "input" or t not in b.producer)
+    src_col = {
+        t: _h(("in", b.shapes[t], b.dtypes[t], _DIGITS.sub("#", b.paths[t] or "")))
+        for t in sources
+    }
+    op_col = [
+        _h((op.primitive, op.params, tuple(b.shapes[t] for t in ins), tuple(b.dtypes[t] for t in ins),
+            tuple(b.shapes[t] for t in outs)))
+        for op, (ins, outs) in zip(ops, io, strict=True)
+    ]  # fmt: skip
+    pos = {}
+    for i, (_, outs) in enumerate(io):
+        for k, t in enumerate(outs):
+            pos.setdefault(t, (i, k))
+
+    def tcol(t: int, oc: list[int], sc: dict[int, int]) -> int:
+        at = pos.get(t)
+        if at is None or t in sc:
+            return sc.get(t, 0)
+        return _h((oc[at[0]], at[1]))
+
+    for _ in range(WL_ROUNDS):
+        new_ops = []
+        for i, (ins, outs) in enumerate(io):
+            rd = tuple(sorted((k, op_col[r], p) for k, t in enumerate(outs) for r, p in readers.get(t, ())))
+            new_ops.append(_h((op_col[i], tuple(tcol(t, op_col, src_col) for t in ins), rd)))
+        src_col = {
+            t: _h((c, tuple(sorted((op_col[r], p) for r, p in readers.get(t, ())))))
+            for t, c in src_col.items()
+        }
+        op_col = new_ops
+    groups: dict[tuple[int, int], list[int]] = {}
+    for t in sorted(live):
+        c = tcol(t, op_col, src_col)
+        for a, s in enumerate(b.shapes[t]):
+            if s > 1:
+                groups.setdefault((c, a), []).append(b.key(t, a))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def role_names(
+    b: _Builder, root: list[int], fam: Callable[[int], int], data: set[int], live: set[int],
+    taken: Callable[[int], bool],
+) -> list[tuple[int, str]]:  # fmt: skip
+    """``(class root, role name)`` in the order to claim them (the first claim of a root
+    wins); roots for which ``taken`` is true are left out."""
+    out: list[tuple[int, str]] = []
+
+    def r(t: int, a: int) -> int:
+        return root[b.key(t, a)]
+
+    def add(x: int, name: str) -> None:
+        if x >= 0 and not taken(x):
+            out.append((x, name))
+
+    ints = {t for t in data if "int" in b.dtypes[t]}
+    for t in sorted(data):
+        if b.shapes[t]:
+            add(r(t, 0), "batch")
+    batch = {r(t, 0) for t in data if b.shapes[t]}
+    for t in sorted(ints):
+        if len(b.shapes[t]) == 2:
+            add(r(t, 1), "seq")
+    data_fams = {fam(r(t, a)) for t in data for a in range(len(b.shapes[t])) if r(t, a) >= 0}
+    weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
+    carried: dict[int, int] = {}  # root -> how many weights carry it
+    for t in weights:
+        for x in {r(t, a) for a in range(len(b.shapes[t]))}:
+            if x >= 0:
+                carried[x] = carried.get(x, 0) + 1
+
+    # integer values derived from the integer data (token ids, shifted labels)
+    derived, frontier = set(ints), set(ints)
+    for _ in range(INT_DEPTH):
+        nxt = set()
+        for op in b.ops:
+            if any(int(t[1:]) in frontier for t in op.inputs):
+                for o in op.outputs:
+                    k = int(o[1:])
+                    if k not in derived and ("int" in b.dtypes[k] or b.dtypes[k] == "bool"):
+                        nxt.add(k)
+        derived |= nxt
+        frontier = nxt
+        if not frontier:
+            break
+    d_model: list[int] = []
+    for op in b.ops:
+        if op.primitive != "gather" or len(op.inputs) < 2 or int(op.inputs[1][1:]) not in derived:
+            continue
+        table = int(op.inputs[0][1:])
+        axes = op.param("gathered_axes", ())
+        for a in axes:
+            add(r(table, a), "vocab")
+        if len(b.shapes[table]) == 2 and len(axes) == 1:
+            other = r(table, 1 - axes[0])
+            if carried.get(other):
+                d_model.append(other)
+
+    # attention: dots of two activations (both carry the batch), one result softmaxed
+    softmaxed = set()
+    for op in b.ops:
+        if op.primitive in ("reduce_max", "argmax") and op.inputs:
+            t = int(op.inputs[0][1:])
+            softmaxed |= {r(t, a) for a in op.param("reduced_axes", ())}
+    heads: list[int] = []
+    head_dim: list[int] = []
+    for op in b.ops:
+        if op.primitive != "dot_general" or len(op.inputs) != 2:
+            continue
+        lhs, rhs = (int(t[1:]) for t in op.inputs)
+        if not any(r(lhs, a) in batch for a in range(len(b.shapes[lhs]))):
+            continue
+        if not any(r(rhs, a) in batch for a in range(len(b.shapes[rhs]))):
+            continue
+        bd = op.param("batch", ())
+        if not bd:
+            continue
+        res = int(op.outputs[0][1:])
+        if not any(r(res, a) in softmaxed for a in range(len(b.shapes[res]))):
+            continue
+        for la, _ in bd:
+            x = r(lhs, la)
+            if x not in batch and fam(x) not in data_fams and x not in heads:
+                heads.append(x)
+        for la, _ in op.param("contracting", ()):
+            x = r(lhs, la)
+            if x not in softmaxed and x not in head_dim:
+                head_dim.append(x)
+    for x in heads:
+        add(x, "heads")
+    for x in head_dim:
+        add(x, "head_dim")
+    if not d_model and heads and carried:
+        most = max(carried.values())
+        d_model = [x for x, n in carried.items() if n == most and n >= 3][:1]
+    for x in d_model:
+        add(x, "d_model")
+    merged = set()  # classes a reshape makes of heads or head_dim and others (heads*head_dim)
+    for op in b.ops:  # grouped-query attention: heads = kv_heads x queries per kv head
+        if op.primitive != "reshape":
+            continue
+        src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
+        for ga, gc in op.param("groups", ()):
+            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                if len(one) != 1 or len(many) < 2:
+                    continue
+                parts = [r(tm, a) for a in many if b.shapes[tm][a] > 1]
+                if set(parts) & set(heads + head_dim):
+                    merged.add(r(t1, one[0]))
+                if r(t1, one[0]) in heads and len(parts) > 1:
+                    add(parts[0], "kv_heads")
+                    for x in parts[1:]:
+                        add(x, "q_per_kv")
+
+    # an MLP's hidden dim: produced by a weight matmul from d_model, contracted into d_model
+    made, eaten = set(), set()
+    dm = set(d_model)
+    for op in b.ops:
+        if op.primitive != "dot_general" or len(op.inputs) != 2:
+            continue
+        ts = [int(t[1:]) for t in op.inputs]
+        acts = [any(r(t, a) in batch for a in range(len(b.shapes[t]))) for t in ts]
+        if acts.count(True) != 1:
+            continue
+        w = ts[acts.index(False)]
+        side = acts.index(False)
+        con = {c[side] for c in op.param("contracting", ())}
+        free = {r(w, a) for a in range(len(b.shapes[w])) if a not in con}
+        cdims = {r(w, a) for a in con}
+        if cdims & dm:
+            made |= free - dm
+        if free & dm:
+            eaten |= cdims - dm
+    for x in sorted(made & eaten - set(heads) - set(head_dim) - merged):
+        add(x, "d_ff")
+    return out
+
+
+def path_name(path: str) -> str:
+    """A weight's path without its argument, layer indices and generic leaf names:
+    ``params/model/layers/17/mlp/down_proj/kernel`` -> ``down_proj``."""
+    parts = [p for p in re.split(r"[/.\[\]]", path) if p]
+    keep = [p for p in parts[1:] if not p.isdigit() and p.lower() not in GENERIC_LEAVES]
+    return (keep or parts or ["t"])[-1]
