@@ -49,8 +49,7 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
             readers.setdefault(t, []).append((i, p))
     sources = sorted(t for t in live if b.roles[t] == "input" or t not in b.producer)
     src_col = {
-        t: _h(("in", b.shapes[t], b.dtypes[t], _DIGITS.sub("#", b.paths[t] or "")))
-        for t in sources
+        t: _h(("in", b.shapes[t], b.dtypes[t], _DIGITS.sub("#", b.paths[t] or ""))) for t in sources
     }
     op_col = [
         _h((op.primitive, op.params, tuple(b.shapes[t] for t in ins), tuple(b.dtypes[t] for t in ins),
@@ -71,7 +70,9 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
     for _ in range(WL_ROUNDS):
         new_ops = []
         for i, (ins, outs) in enumerate(io):
-            rd = tuple(sorted((k, op_col[r], p) for k, t in enumerate(outs) for r, p in readers.get(t, ())))
+            rd = tuple(
+                sorted((k, op_col[r], p) for k, t in enumerate(outs) for r, p in readers.get(t, ()))
+            )
             new_ops.append(_h((op_col[i], tuple(tcol(t, op_col, src_col) for t in ins), rd)))
         src_col = {
             t: _h((c, tuple(sorted((op_col[r], p) for r, p in readers.get(t, ())))))
