@@ -9,6 +9,8 @@ priced by their bytes alone, as XLA fuses them into their neighbours' memory tra
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from autolayout.core import (
     ATTENTION_BWD,
     ATTENTION_BWD_FLOPS,
@@ -37,6 +39,20 @@ _DTYPE_KEYS = {
 # CUDA cores (``f32_highest``); on TPUs as 1, 3 or 6 bf16 passes (JAX's bf16, bf16_3x,
 # bf16_6x algorithms).
 TPU_PASSES = {"default": 1, "high": 3, "highest": 6}
+
+
+def compute_dtype(dtypes: list[str]) -> str:
+    """The element type an op computes in: its widest floating input (an integer mask times
+    float scores is a float32 matmul, as XLA converts it), else its first input's.
+
+    Example:
+      >>> compute_dtype(["int32", "float32"]), compute_dtype(["bfloat16", "bfloat16"])
+      ('float32', 'bfloat16')
+    """
+    floats = [d for d in dtypes if d.startswith(("float", "bfloat"))]
+    if floats:
+        return max(floats, key=lambda d: jnp.dtype(d).itemsize)
+    return dtypes[0] if dtypes else "float32"
 
 
 def peak_flops(hw: Hardware, dtype: str, precision: str = "default") -> float:

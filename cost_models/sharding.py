@@ -47,7 +47,7 @@ from autolayout.core import (
 )
 
 from .collectives import Segment, collective_time, combines, group_segments, place_mesh
-from .compute import ATTENTION_OPS, KERNEL_OPS, MATRIX_OPS, op_time
+from .compute import ATTENTION_OPS, KERNEL_OPS, MATRIX_OPS, compute_dtype, op_time
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -764,7 +764,7 @@ def op_cost(
             nbytes = op.param("bytes_accessed", nbytes)
         elif op.primitive in MATRIX_OPS or op.primitive in ATTENTION_OPS:
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
-    dtype = g.tensors[op.inputs[0]].dtype if op.inputs else "float32"
+    dtype = compute_dtype([g.tensors[t].dtype for t in op.inputs])
     compute = (
         op_time(m.hw, op.primitive, flops, nbytes, dtype, op.param("precision", "default"))
         if op.primitive not in LOOP_OPS

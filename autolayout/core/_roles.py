@@ -24,9 +24,12 @@ from ._builder import _Builder
 
 WL_ROUNDS = 3  # enough to tell q from o in one layer, few enough for the first layer to match
 INT_DEPTH = 8  # ops from an integer data input to the indices a gather reads
+SOFTMAX_DEPTH = 4  # same-shape ops (scale, mask, bias) between attention scores and softmax
 GENERIC_LEAVES = frozenset({"kernel", "weight", "weights", "bias", "scale", "embedding", "w", "b",
                             "params", "param", "value", "raw_value", "variables"})  # fmt: skip
 _DIGITS = re.compile(r"\d+")
+PASS_THROUGH = frozenset({"convert_element_type", "transpose", "copy", "copy_p", "reshape",
+                          "squeeze", "expand_dims", "reduce_precision"})  # fmt: skip
 
 
 def _h(x) -> int:
@@ -119,26 +122,37 @@ def role_names(
             if x >= 0:
                 carried[x] = carried.get(x, 0) + 1
 
-    # integer values derived from the integer data (token ids, shifted labels)
-    derived, frontier = set(ints), set(ints)
-    for _ in range(INT_DEPTH):
-        nxt = set()
-        for op in b.ops:
-            if any(int(t[1:]) in frontier for t in op.inputs):
-                for o in op.outputs:
-                    k = int(o[1:])
-                    if k not in derived and ("int" in b.dtypes[k] or b.dtypes[k] == "bool"):
-                        nxt.add(k)
-        derived |= nxt
-        frontier = nxt
-        if not frontier:
-            break
+    # integer values derived from the integer data: token ids [batch, seq] (a vocabulary)
+    # and labels [batch] (classes)
+    def derived_from(start: set[int]) -> set[int]:
+        derived, frontier = set(start), set(start)
+        for _ in range(INT_DEPTH):
+            nxt = set()
+            for op in b.ops:
+                if any(int(t[1:]) in frontier for t in op.inputs):
+                    for o in op.outputs:
+                        k = int(o[1:])
+                        if k not in derived and ("int" in b.dtypes[k] or b.dtypes[k] == "bool"):
+                            nxt.add(k)
+            derived |= nxt
+            frontier = nxt
+            if not frontier:
+                break
+        return derived
+
+    tokens = derived_from({t for t in ints if len(b.shapes[t]) >= 2})
+    labels = derived_from({t for t in ints if len(b.shapes[t]) == 1}) - tokens
     d_model: list[int] = []
     for op in b.ops:
-        if op.primitive != "gather" or len(op.inputs) < 2 or int(op.inputs[1][1:]) not in derived:
+        if op.primitive != "gather" or len(op.inputs) < 2:
             continue
-        table = int(op.inputs[0][1:])
+        idx, table = int(op.inputs[1][1:]), int(op.inputs[0][1:])
         axes = op.param("gathered_axes", ())
+        if idx in labels:
+            for a in axes:
+                add(r(table, a), "classes")
+        if idx not in tokens:
+            continue
         for a in axes:
             add(r(table, a), "vocab")
         if len(b.shapes[table]) == 2 and len(axes) == 1:
@@ -147,13 +161,30 @@ def role_names(
                 d_model.append(other)
 
     # attention: dots of two activations (both carry the batch), one result softmaxed
-    softmaxed = set()
+    by_name = {op.name: op for op in b.ops}
+    softmaxed: set[int] = set()
+    scores: set[str] = set()  # dots whose result a softmax reads (through a scale, a mask)
     for op in b.ops:
-        if op.primitive in ("reduce_max", "argmax") and op.inputs:
-            t = int(op.inputs[0][1:])
-            softmaxed |= {r(t, a) for a in op.param("reduced_axes", ())}
+        if op.primitive not in ("reduce_max", "argmax") or not op.inputs:
+            continue
+        t = int(op.inputs[0][1:])
+        softmaxed |= {r(t, a) for a in op.param("reduced_axes", ())}
+        todo = [(t, 0)]
+        while todo:
+            x, depth = todo.pop()
+            p = by_name.get(b.producer.get(x, ""))
+            if p is None or depth > SOFTMAX_DEPTH:
+                continue
+            if p.primitive == "dot_general":
+                scores.add(p.name)
+                continue
+            todo += [
+                (int(i[1:]), depth + 1) for i in p.inputs if b.shapes[int(i[1:])] == b.shapes[x]
+            ]
     heads: list[int] = []
     head_dim: list[int] = []
+    seqs: list[int] = []
+    attention: list[str] = []  # the scores dots
     for op in b.ops:
         if op.primitive != "dot_general" or len(op.inputs) != 2:
             continue
@@ -163,11 +194,10 @@ def role_names(
         if not any(r(rhs, a) in batch for a in range(len(b.shapes[rhs]))):
             continue
         bd = op.param("batch", ())
-        if not bd:
+        if not bd or op.name not in scores:
             continue
+        attention.append(op.name)
         res = int(op.outputs[0][1:])
-        if not any(r(res, a) in softmaxed for a in range(len(b.shapes[res]))):
-            continue
         for la, _ in bd:
             x = r(lhs, la)
             if x not in batch and fam(x) not in data_fams and x not in heads:
@@ -176,10 +206,42 @@ def role_names(
             x = r(lhs, la)
             if x not in softmaxed and x not in head_dim:
                 head_dim.append(x)
+        known = batch | set(heads) | set(head_dim)
+        seqs += [r(res, a) for a in range(len(b.shapes[res])) if r(res, a) not in known]
+    readers: dict[int, list] = {}
+    for op in b.ops:
+        for t in op.inputs:
+            readers.setdefault(int(t[1:]), []).append(op)
+    probs: set[int] = set()  # the scores' softmax (and its gradient): ops of their shape on
+    todo = [(int(by_name[n].outputs[0][1:]), 0) for n in attention]
+    while todo:
+        x, depth = todo.pop()
+        if x in probs or depth > 2 * SOFTMAX_DEPTH:
+            continue
+        probs.add(x)
+        for op in readers.get(x, ()):
+            todo += [(int(o[1:]), depth + 1) for o in op.outputs
+                     if sorted(b.shapes[int(o[1:])]) == sorted(b.shapes[x])]  # fmt: skip
+    for op in b.ops:  # the values' head dim: the other side of probabilities x values
+        if op.primitive != "dot_general" or len(op.inputs) != 2 or op.name in attention:
+            continue
+        ts = [int(t[1:]) for t in op.inputs]
+        cd = op.param("contracting", ())
+        for side in (0, 1):
+            p, v = ts[side], ts[1 - side]
+            if p not in probs or not cd or not all(r(p, c[side]) in softmaxed for c in cd):
+                continue
+            used = {pair[1 - side] for pair in op.param("batch", ()) + cd}
+            head_dim += [
+                x for x in (r(v, a) for a in range(len(b.shapes[v])) if a not in used)
+                if x not in batch and x not in head_dim and x not in heads
+            ]  # fmt: skip
     for x in heads:
         add(x, "heads")
     for x in head_dim:
         add(x, "head_dim")
+    for x in dict.fromkeys(seqs):  # the queries' and the keys' positions (patches, frames)
+        add(x, "seq")
     if not d_model and heads and carried:
         most = max(carried.values())
         d_model = [x for x, n in carried.items() if n == most and n >= 3][:1]
@@ -202,8 +264,19 @@ def role_names(
                     for x in parts[1:]:
                         add(x, "q_per_kv")
 
-    # an MLP's hidden dim: produced by a weight matmul from d_model, contracted into d_model
-    made, eaten = set(), set()
+    # an MLP's hidden dim: produced by a weight's matmul from d_model and contracted into
+    # d_model, by two weights at least (one weight's backward matmul contracts what it made)
+
+    def source(t: int) -> int:  # through casts, transposes and reshapes to the weight
+        for _ in range(8):
+            op = by_name.get(b.producer.get(t, ""))
+            if op is None or len(op.inputs) != 1 or op.primitive not in PASS_THROUGH:
+                break
+            t = int(op.inputs[0][1:])
+        return t
+
+    made: dict[int, set[int]] = {}
+    eaten: dict[int, set[int]] = {}
     dm = set(d_model)
     for op in b.ops:
         if op.primitive != "dot_general" or len(op.inputs) != 2:
@@ -212,17 +285,21 @@ def role_names(
         acts = [any(r(t, a) in batch for a in range(len(b.shapes[t]))) for t in ts]
         if acts.count(True) != 1:
             continue
-        w = ts[acts.index(False)]
         side = acts.index(False)
+        w = ts[side]
         con = {c[side] for c in op.param("contracting", ())}
         free = {r(w, a) for a in range(len(b.shapes[w])) if a not in con}
         cdims = {r(w, a) for a in con}
         if cdims & dm:
-            made |= free - dm
+            for x in free - dm:
+                made.setdefault(x, set()).add(source(w))
         if free & dm:
-            eaten |= cdims - dm
-    for x in sorted(made & eaten - set(heads) - set(head_dim) - merged):
-        add(x, "d_ff")
+            for x in cdims - dm:
+                eaten.setdefault(x, set()).add(source(w))
+    skip = set(heads) | set(head_dim) | merged
+    for x in sorted(made):  # two weights at least: in and out (and a gate)
+        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2:
+            add(x, "d_ff")
     return out
 
 

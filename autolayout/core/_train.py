@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from ._errors import WorkloadError
+from ._metadata import named_specs, unboxed
 from ._workload import Workload
 
 
@@ -32,7 +33,9 @@ def train_workload(
       optimizer: an optax ``GradientTransformation`` (``optax.adamw(3e-4)``).
       params: the parameters' shapes, a pytree of ``al.spec`` / ``jax.ShapeDtypeStruct``
         (initialised as scaled normals, 1-D scales as ones), or your own jittable
-        ``init(key) -> params`` (its shapes are read with ``jax.eval_shape``).
+        ``init(key) -> params`` (its shapes are read with ``jax.eval_shape``). Flax linen
+        ``nn.with_logical_partitioning`` boxes and NNX variables with sharding metadata are
+        unboxed, their names kept as dim names; ``loss_fn`` gets the plain arrays.
       batch: one batch's shapes, a pytree of ``al.spec`` / ``jax.ShapeDtypeStruct``.
       make_batch: ``make_batch(rng) -> one batch`` of host (numpy) arrays of those shapes,
         from a ``numpy.random.Generator`` (``autolayout run`` seeds it per step).
@@ -62,13 +65,16 @@ def train_workload(
             f"update), got {type(optimizer).__name__}"
         )
     if callable(params):
-        user_init = params
-        try:
-            params = jax.eval_shape(user_init, jax.random.key(0))
+        boxed_init = params
+        try:  # names a library attached (Flax logical partitioning, NNX sharding) are kept
+            params = named_specs(jax.eval_shape(boxed_init, jax.random.key(0)))
         except Exception as e:
             raise WorkloadError(
                 f"train_workload: init(key) failed under jax.eval_shape: {type(e).__name__}: {e}"
             ) from e
+
+        def user_init(key):
+            return unboxed(boxed_init(key))
 
         def init_params(key):
             return user_init(key)
@@ -76,6 +82,7 @@ def train_workload(
         def host_params(rng: np.random.Generator):
             return jax.jit(user_init)(jax.random.key(int(rng.integers(2**31))))
     else:
+        params = named_specs(params)
 
         def init_params(key):
             return init_from_specs(params, key)
