@@ -39,11 +39,17 @@ def _h(x) -> int:
         return hash(repr(x))
 
 
+def _alike(s1: tuple[int, ...], s2: tuple[int, ...]) -> bool:
+    """Shapes of one tensor seen through a transpose or a size-1 axis added or dropped."""
+    return sorted(x for x in s1 if x != 1) == sorted(x for x in s2 if x != 1)
+
+
 def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
-    """Groups of axis keys at one place of structurally identical ops or inputs (layer
-    copies): the same Weisfeiler-Lehman colour after ``WL_ROUNDS`` rounds over producers and
-    readers, the same output position and axis. Inputs start from their path with the digits
-    taken out (``layers/17/...`` is ``layers/#/...``), shape and dtype."""
+    """Groups of input axes at one place of structurally identical inputs (the weights and
+    optimizer moments of layer copies): the same Weisfeiler-Lehman colour after
+    ``WL_ROUNDS`` rounds over producers and readers, and the same axis. Inputs start from
+    their path with the digits taken out (``layers/17/...`` is ``layers/#/...``), shape and
+    dtype; what their copies compute is linked to them."""
     ops = b.ops
     io = [([int(t[1:]) for t in op.inputs], [int(t[1:]) for t in op.outputs]) for op in ops]
     readers: dict[int, list[tuple[int, int]]] = {}
@@ -83,8 +89,11 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
         }
         op_col = new_ops
     groups: dict[tuple[int, int], list[int]] = {}
-    for t in sorted(live):
-        c = tcol(t, op_col, src_col)
+    for t in sources:  # inputs only: ops far from any weight's path (an optimizer's update of
+        # two same-shape weights) can share a colour without being copies
+        if b.roles[t] not in ("input", "const"):
+            continue
+        c = src_col[t]
         for a, s in enumerate(b.shapes[t]):
             if s > 1:
                 groups.setdefault((c, a), []).append(b.key(t, a))
@@ -179,7 +188,9 @@ def role_names(
                 scores.add(p.name)
                 continue
             todo += [
-                (int(i[1:]), depth + 1) for i in p.inputs if b.shapes[int(i[1:])] == b.shapes[x]
+                (int(i[1:]), depth + 1)
+                for i in p.inputs
+                if _alike(b.shapes[int(i[1:])], b.shapes[x])
             ]
     heads: list[int] = []
     head_dim: list[int] = []
@@ -221,7 +232,7 @@ def role_names(
         probs.add(x)
         for op in readers.get(x, ()):
             todo += [(int(o[1:]), depth + 1) for o in op.outputs
-                     if sorted(b.shapes[int(o[1:])]) == sorted(b.shapes[x])]  # fmt: skip
+                     if _alike(b.shapes[int(o[1:])], b.shapes[x])]  # fmt: skip
     for op in b.ops:  # the values' head dim: the other side of probabilities x values
         if op.primitive != "dot_general" or len(op.inputs) != 2 or op.name in attention:
             continue
@@ -297,8 +308,10 @@ def role_names(
             for x in cdims - dm:
                 eaten.setdefault(x, set()).add(source(w))
     skip = set(heads) | set(head_dim) | merged
+    size = {root[b.key(t, a)]: n for t in live for a, n in enumerate(b.shapes[t]) if n > 1}
+    least = min((size.get(x, 0) for x in dm), default=0) // 4  # not a stacked q/k/v axis
     for x in sorted(made):  # two weights at least: in and out (and a gate)
-        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2:
+        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size.get(x, 0) > least:
             add(x, "d_ff")
     return out
 

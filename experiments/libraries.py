@@ -1,0 +1,67 @@
+"""Models from other libraries at their published sizes (issue 21): each planned on
+``tpu-v4-256`` and ``h100-64`` and compared with the hand layouts, in the names the planner
+found (no dim is named by these models).
+
+python experiments/libraries.py [time_limit_s]   (writes experiments/results/libraries.csv/.png)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import autolayout as al  # noqa: E402
+from autolayout.core._report import rule_lines  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+LIB = ROOT / "models" / "libraries"
+OUT = ROOT / "results"
+MODELS = {"hf_llama": "llama2-7b", "hf_bert": "bert-large", "eqx_vit": "vit-l16",
+          "keras_gpt2": "gpt2-xl", "nnx_lm": "base"}  # fmt: skip
+PROFILES = ("tpu-v4-256", "h100-64")
+
+
+def main(limit: float) -> pd.DataFrame:
+    rows = []
+    for name, size in MODELS.items():
+        t = time.perf_counter()
+        wl = al.load_workload(LIB / f"{name}.py", size=size)
+        g = al.trace(wl)
+        traced = time.perf_counter() - t
+        for hw in PROFILES:
+            t = time.perf_counter()
+            auto = al.plan(wl, hw, time_limit_s=limit, graph=g)
+            table = al.compare(wl, hw, graph=g, auto=auto)
+            for r in table.to_dict("records"):
+                rows.append({"model": f"{name}:{size}", "hardware": hw, **r,
+                             "rule_lines": len(rule_lines(auto)) if r["layout"] == "auto" else None,
+                             "trace_s": round(traced, 1),
+                             "plan_s": round(time.perf_counter() - t, 1)})  # fmt: skip
+            print(
+                name, hw, auto.status, auto.mesh, "\n  " + "\n  ".join(rule_lines(auto)), flush=True
+            )
+    df = pd.DataFrame(rows)
+    OUT.mkdir(exist_ok=True)
+    df.to_csv(OUT / "libraries.csv", index=False)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    piv = df[df.fits == True].pivot_table(index=["model", "hardware"], columns="layout",  # noqa: E712
+                                          values="mfu", aggfunc="first")  # fmt: skip
+    piv.plot.bar(ax=ax, width=0.8)
+    ax.set_ylabel("predicted MFU (layouts that fit)")
+    ax.set_title("Models from other libraries: planner vs hand layouts")
+    fig.tight_layout()
+    fig.savefig(OUT / "libraries.png", dpi=120)
+    return df
+
+
+if __name__ == "__main__":
+    df = main(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0)
+    print(df[["model", "hardware", "layout", "mesh", "status", "memory_gib", "fits", "mfu", "note"]]
+          .to_string())  # fmt: skip

@@ -1,0 +1,67 @@
+"""Models from other libraries (issue 21), as a user writes them, no dim named: Hugging Face
+Flax Llama and BERT, an Equinox ViT, a Keras 3 GPT-2 through ``stateless_call``, a Flax NNX
+LM with sharding metadata. Skipped where the ``libraries`` extra is not installed
+(``.ci/run`` installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import autolayout as al
+from autolayout.core._report import rule_lines
+from autolayout.runtime.run import reference_losses, run
+from search.baselines import standard_layouts
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "experiments" / "models" / "libraries"
+NEEDS = {"hf_llama": "transformers", "hf_bert": "transformers", "eqx_vit": "equinox",
+         "keras_gpt2": "keras", "nnx_lm": "flax"}  # fmt: skip
+ROLES = {
+    "hf_llama": {"batch", "seq", "vocab", "d_model", "heads", "head_dim", "kv_heads", "d_ff"},
+    "hf_bert": {"batch", "seq", "vocab", "d_model", "heads", "head_dim", "d_ff"},
+    "eqx_vit": {"batch", "seq", "classes", "d_model", "heads", "head_dim", "d_ff"},
+    "keras_gpt2": {"batch", "seq", "vocab", "d_model", "heads", "head_dim", "d_ff"},
+    # the NNX model's own names (nnx.with_partitioning) are kept
+    "nnx_lm": {"batch", "seq", "vocab", "embed", "heads", "kv", "mlp"},
+}
+
+
+def _load(name: str, **options) -> al.Workload:
+    if importlib.util.find_spec(NEEDS[name]) is None:
+        pytest.skip(f"{NEEDS[name]} is not installed (pip install -e '.[libraries]')")
+    return al.load_workload(LIB / f"{name}.py", **options)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_tiny_model_is_named_by_role_planned_and_runs_as_unsharded(name):
+    wl = _load(name)
+    g = al.trace(wl)
+    assert g.opaque == []
+    assert ROLES[name] <= set(g.dims), sorted(g.dims)
+    assert not [d for d in g.dims if "/" in d]  # no dim named by a parameter path
+    p = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True, graph=g)
+    assert p.status in ("OPTIMAL", "FEASIBLE")
+    got = run(p, wl, steps=3).losses
+    assert got == pytest.approx(reference_losses(wl, steps=3), rel=1e-5), (name, p.mesh)
+
+
+def test_layer_copies_share_their_dims_and_megatron_splits_heads_and_d_ff():
+    """Three layers name no more dims than one (the d_ff of layer 2 is layer 0's), and the
+    hand-written Megatron layouts split attention heads and the MLP, as Megatron-LM does."""
+    one, three = (al.trace(_load("hf_llama", layers=n)) for n in (1, 3))
+    roles = {d for d in three.dims if ":" not in d}
+    assert roles == {d for d in one.dims if ":" not in d}
+    layouts = standard_layouts(three, 4)
+    assert {"heads", "d_ff"} <= {d for d, _ in layouts["megatron"][1]}
+    assert {"heads", "d_ff"} <= {d for d, a in layouts["2d"][1] if a == ("model",)}
+
+
+def test_metadata_names_and_role_names_print_one_rule_line_per_role():
+    wl = _load("hf_llama", layers=4)
+    p = al.evaluate(wl, "cpu-8", mesh={"data": 2, "model": 4},
+                    rules=[("batch", ("data",)), ("heads", ("model",)), ("d_ff", ("model",))])  # fmt: skip
+    lines = rule_lines(p)
+    assert len(lines) <= 15 and all("/" not in line for line in lines), lines
