@@ -12,7 +12,7 @@ from transformers import FlaxLlamaForCausalLM, LlamaConfig
 
 SIZES = {
     "tiny": dict(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=128, vocab=256, seq=16, batch=8),
-    # Llama-2-7B's shapes; the batch Megatron-LM's Llama-2 recipes run (1024 x 4096 tokens)
+    # Llama-2-7B's shapes; one step of 128 x 4096 tokens (a micro-batch of 2 on 64 DP ranks)
     "llama2-7b": dict(
         layers=32,
         d_model=4096,
@@ -21,7 +21,7 @@ SIZES = {
         d_ff=11008,
         vocab=32000,
         seq=4096,
-        batch=1024,
+        batch=128,
     ),  # fmt: skip
 }
 
