@@ -47,6 +47,14 @@ def main(limit: float) -> pd.DataFrame:
             print(
                 name, hw, auto.status, auto.mesh, "\n  " + "\n  ".join(rule_lines(auto)), flush=True
             )
+    # Megatron-LM runs Llama-2-7B with micro-batch 1 per data-parallel rank: on 64 GPUs with
+    # tensor parallelism 8, one step holds 8 sequences of 4096 tokens
+    wl = al.load_workload(LIB / "hf_llama.py", size="llama2-7b", batch=8)
+    g = al.trace(wl)
+    table = al.compare(wl, "h100-64", graph=g, time_limit_s=limit)
+    for r in table.to_dict("records"):
+        rows.append({"model": "hf_llama:llama2-7b batch=8", "hardware": "h100-64", **r})
+    print(table.to_string(), flush=True)
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
     df.to_csv(OUT / "libraries.csv", index=False)

@@ -16,7 +16,9 @@
   halos exchanged with the neighbours around every conv.
 
 Tensor-parallel dims are ``heads``, ``d_ff`` and ``vocab`` where the workload has them (the
-names of ``experiments/models``); elsewhere the parameter dim that holds the most bytes. The
+names of ``experiments/models``, and the names the tracer gives an unnamed model by role),
+with ``kv_heads`` where the model axis divides them; elsewhere the parameter dim that holds
+the most bytes. The
 FSDP dim is ``d_model``, else every parameter dim in order of the bytes it holds (each weight
 takes the first that divides). Each layout is ``(mesh, rules)`` for ``al.evaluate``.
 """
@@ -56,6 +58,16 @@ def batch_dim(g: Graph) -> str:
         if (tt.path or "").startswith("batch") and tt.dims and tt.dims[0]:
             return tt.dims[0]
     raise RuleError(f"workload {g.name!r}: no batch dim (name one 'batch' with al.spec)")
+
+
+def _with_kv(g: Graph, tp: list[str], model: int, model_dims: Sequence[str] | None) -> list[str]:
+    """``tp`` and, with grouped-query attention, ``kv_heads`` where the model axis divides
+    them (Megatron-LM splits the query groups; where they are fewer than the model axis, as
+    in MaxText, the kv heads stay whole)."""
+    if model_dims is None and "kv_heads" in g.dims and g.dims["kv_heads"] % model == 0:
+        if "heads" in tp and "kv_heads" not in tp:
+            return [*tp, "kv_heads"]
+    return tp
 
 
 def tp_dims(g: Graph, model_dims: Sequence[str] | None = None, devices: int = 1) -> list[str]:
@@ -154,7 +166,8 @@ def standard_layout(
             )
         return mesh, [(d, (sl[0],)) for sl in slots if sl[0] in mesh for d in sl]
     if name == "megatron":  # needs no batch dim
-        return {"model": devices}, [(d, ("model",)) for d in tp_dims(g, model_dims, devices)]
+        tp = _with_kv(g, tp_dims(g, model_dims, devices), devices, model_dims)
+        return {"model": devices}, [(d, ("model",)) for d in tp]
     batch = batch_dim(g)
     tp = tp_dims(g, model_dims, devices)
     fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, devices)
@@ -163,6 +176,7 @@ def standard_layout(
     if name == "fsdp":
         return {"fsdp": devices}, [(batch, ("fsdp",))] + [(d, ("fsdp",)) for d in fsdp]
     m = _split(devices, [g.dims[d] for d in tp])
+    tp = _with_kv(g, tp, m, model_dims)
     if name == "2d":
         return {"data": devices // m, "model": m}, [(batch, ("data",))] + [
             (d, ("model",)) for d in tp
@@ -229,7 +243,9 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
     try:
         batch = batch_dim(g)
     except RuleError:  # batch 1: only the layouts that do not split the batch
-        cands["megatron"] = [(d, axes) for d in tp_dims(g, None, mesh[axes[-1]])]
+        n = math.prod(mesh.values())
+        tp = _with_kv(g, tp_dims(g, None, mesh[axes[-1]]), n, None)
+        cands["megatron"] = [(d, axes) for d in tp]
         return _dividing(g, mesh, cands)
     n = math.prod(mesh.values())
     tp = tp_dims(g, None, mesh[axes[-1]])
@@ -237,10 +253,11 @@ def layouts_on(g: Graph, mesh: dict[str, int]) -> dict[str, list[tuple[str, tupl
     cands.update({
         "dp": [(batch, axes)],
         "fsdp": [(batch, axes)] + [(d, axes) for d in fsdp],
-        "megatron": [(d, axes) for d in tp],
+        "megatron": [(d, axes) for d in _with_kv(g, tp, n, None)],
     })  # fmt: skip
     if len(axes) > 1:
         data, model = axes[:-1], axes[-1:]
+        tp = _with_kv(g, tp, mesh[axes[-1]], None)
         cands["2d"] = [(batch, data)] + [(d, model) for d in tp]
         head = [(batch, data)] + [(d, model) for d in tp]
         cands["megatron_fsdp"] = head + [(d, data) for d in fsdp]

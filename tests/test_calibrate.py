@@ -58,8 +58,10 @@ def test_calibrate_writes_a_profile_that_records_what_it_measured(measured):
 def test_a_measured_profile_plans(measured):
     out, _ = measured
     wl = al.load_workload("experiments/models/mlp.py")
-    p = al.plan(wl, al.hardware(str(out)), time_limit_s=5, deterministic=True)
-    assert p.status in ("OPTIMAL", "FEASIBLE")
+    p = al.plan(wl, al.hardware(str(out)), time_limit_s=10, deterministic=True)
+    # a loaded 2-core machine can stop the search at its limit (TIMEOUT): the plan it has
+    # still stands and fits
+    assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") and p.summary()["fits"], p
 
 
 def test_calibrate_refuses_more_devices_than_there_are_in_one_line():

@@ -13,7 +13,7 @@ import pytest
 import autolayout as al
 from autolayout.core._report import rule_lines
 from autolayout.runtime.run import reference_losses, run
-from search.baselines import standard_layouts
+from search.baselines import standard_layout, standard_layouts
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "experiments" / "models" / "libraries"
@@ -65,3 +65,19 @@ def test_metadata_names_and_role_names_print_one_rule_line_per_role():
                     rules=[("batch", ("data",)), ("heads", ("model",)), ("d_ff", ("model",))])  # fmt: skip
     lines = rule_lines(p)
     assert len(lines) <= 15 and all("/" not in line for line in lines), lines
+
+
+@pytest.mark.parametrize("layout", ["dp", "fsdp"])
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_predicted_collective_counts_are_what_xla_compiles(name, layout):
+    """Gradient all-reduces (DP) and FSDP's gathers and reduce-scatters are counted as XLA
+    combines them: within 10% of the compiled program's count on 8 CPU devices."""
+    wl = _load(name)
+    g = al.trace(wl)
+    mesh, rules = standard_layout(g, layout, 8)
+    rows = al.validate(al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g), wl)
+    colls = rows[rows["predicted_count"].notna()]
+    assert len(colls)
+    for r in colls.itertuples():
+        assert abs(r.predicted_count - r.compiled_count) <= max(1, round(0.1 * r.compiled_count)), r
+    assert rows["ok"].all(), rows
