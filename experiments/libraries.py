@@ -2,7 +2,8 @@
 ``tpu-v4-256`` and ``h100-64`` and compared with the hand layouts, in the names the planner
 found (no dim is named by these models).
 
-python experiments/libraries.py [time_limit_s]   (writes experiments/results/libraries.csv/.png)
+python experiments/libraries.py 10   (writes experiments/results/libraries.csv and .png;
+--figure redraws the PNG from the CSV)
 """
 
 from __future__ import annotations
@@ -58,18 +59,31 @@ def main(limit: float) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
     df.to_csv(OUT / "libraries.csv", index=False)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    piv = df[df.fits == True].pivot_table(index=["model", "hardware"], columns="layout",  # noqa: E712
-                                          values="mfu", aggfunc="first")  # fmt: skip
-    piv.plot.bar(ax=ax, width=0.8)
-    ax.set_ylabel("predicted MFU (layouts that fit)")
-    ax.set_title("Models from other libraries: planner vs hand layouts")
-    fig.tight_layout()
-    fig.savefig(OUT / "libraries.png", dpi=120)
+    figure(df)
     return df
 
 
+def figure(df: pd.DataFrame) -> None:
+    """Predicted MFU of every layout that fits, per model and chip (horizontal bars)."""
+    fit = df[df.fits.astype(bool)]
+    piv = fit.pivot_table(index=["model", "hardware"], columns="layout", values="mfu",
+                          aggfunc="first")  # fmt: skip
+    piv.index = [f"{m} on {h}" for m, h in piv.index]
+    order = ["auto"] + [c for c in piv.columns if c != "auto"]
+    fig, ax = plt.subplots(figsize=(9, 7))
+    piv[order].plot.barh(ax=ax, width=0.85)
+    ax.invert_yaxis()
+    ax.set_xlabel("predicted MFU (layouts that fit in HBM; auto = the planner)")
+    ax.set_title("Models from other libraries, no dim named: planner vs hand layouts")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "libraries.png", dpi=120)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--figure"]:  # redraw from the committed CSV
+        figure(pd.read_csv(OUT / "libraries.csv"))
+        sys.exit()
     df = main(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0)
     print(df[["model", "hardware", "layout", "mesh", "status", "memory_gib", "fits", "mfu", "note"]]
           .to_string())  # fmt: skip
