@@ -33,6 +33,7 @@ from .core import (
     load_workload,
     mesh_text,
     profile_sources,
+    remat_for_plan,
     rule_lines,
     summary_rows,
     top_ops,
@@ -382,9 +383,14 @@ def _plan_options(f):
               help="Least step time that fits, or least memory per device (Mesh-TF's auto_mtf).")  # fmt: skip
 @click.option("--deterministic", is_flag=True,
               help="The same plan on every run: the time limit counts solver work, not seconds.")  # fmt: skip
+@click.option("--remat", default="auto", show_default=True,
+              help="auto (the step as written where it fits, else the fastest remat policy that "
+                   "fits), as_written, or a policy: nothing_saveable, dots_saveable, "
+                   "dots_with_no_batch_dims_saveable, each with +regather (weights gathered again "
+                   "in the backward pass), or regather.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
-             deterministic, out) -> None:  # fmt: skip
+             deterministic, remat, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
 
     wl = load_workload(model, **parse_sets(sets))
@@ -393,7 +399,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
         p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
-                 objective=objective, deterministic=deterministic)  # fmt: skip
+                 objective=objective, deterministic=deterministic, remat=remat)  # fmt: skip
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(
@@ -415,6 +421,17 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             f"bound: no layout on this mesh beats {p.solver['lower_bound_s']:.4g} s "
             f"({p.solver.get('bound_kind', 'a lower bound')}): this plan is within "
             f"{p.solver['gap']:.1%} of it"
+        )
+    rm = p.solver.get("remat")
+    if rm and (rm["policy"] != "as_written" or rm["tried"]):
+        tried_text = "; ".join(
+            f"{t['policy']}: {t['memory_bytes_per_device'] / 2**30:.1f} GiB, {t['step_time_s']:.4g} s"
+            for t in rm["tried"] if "step_time_s" in t
+        )  # fmt: skip
+        click.echo(
+            f"remat: {rm['policy']} (the step as written does not fit), recomputing "
+            f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
+            + (f"; priced in the as-written plan's layout: {tried_text}" if tried_text else "")
         )
     for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
         click.echo(f"note: {note}")
@@ -614,6 +631,7 @@ def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
     otherwise is refused (the plan would run a model it was not made for)."""
 
     other = {k: v for k, v in sets.items() if k not in plan.options or plan.options[k] != v}
+    other.pop("remat_policy", None)
     if other:
         k, v = next(iter(other.items()))
         was = f"{k}={plan.options[k]!r}" if k in plan.options else f"no {k!r} option"
@@ -622,8 +640,9 @@ def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
             f"(autolayout plan {model} --set {k}={v} ...)"
         )
     options = dict(plan.options)
+    options.pop("remat_policy", None)  # the planner's, applied to the model's step
     try:
-        return load_workload(model, **options)
+        return remat_for_plan(plan, load_workload(model, **options))
     except ModelFileError as e:
         raise PlanError(
             f"{plan_path} was made for {plan.model!r}, whose options {model} does not take: "

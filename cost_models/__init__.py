@@ -20,6 +20,7 @@ from .plans import evaluate as evaluate
 from .plans import output_layouts as output_layouts
 from .plans import plan_from_costs as plan_from_costs
 from .pricing import price as price
+from .pricing import recomputed_ops as recomputed_ops
 from .pricing import step_time as step_time
 from .rules import RuleSet as RuleSet
 from .rules import RuleSpec as RuleSpec

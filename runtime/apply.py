@@ -31,6 +31,7 @@ from autolayout.core import (
     mesh_text,
     partition_spec,
     path_str,
+    remat_for_plan,
     trace_with_jaxpr,
 )
 from autolayout.cost_models import output_layouts
@@ -223,7 +224,11 @@ def apply(
             "read from a file"
         )
     mesh = make_mesh(plan, devices)
-    wl_fn = Workload(fn, wl.args, donate_argnums=wl.donate_argnums, name=wl.name)
+    # a plan made with a remat policy lays out the step rewritten with it (al.remat)
+    wl_fn = remat_for_plan(
+        plan, Workload(fn, wl.args, donate_argnums=wl.donate_argnums, name=wl.name)
+    )
+    fn = wl_fn.fn
     flat, treedef = jax.tree_util.tree_flatten_with_path(wl.args)
     paths = [path_str(p, wl.argnames) for p, _ in flat]
     check_inputs(plan, [leaf for _, leaf in flat], paths)

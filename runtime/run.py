@@ -36,6 +36,7 @@ from autolayout.core import (
     mesh_text,
     partition_spec,
     path_str,
+    remat_for_plan,
     trace,
 )
 from autolayout.cost_models import evaluate
@@ -240,6 +241,7 @@ def run(
     if steps < 1:
         raise WorkloadError(f"--steps must be at least 1, got {steps}")
     _require_init(workload)
+    workload = remat_for_plan(plan, workload)
     graphs: list[Any] = [plan.graph] if plan.graph is not None else []
 
     def graph():  # traced once, when first needed

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autolayout.core import HardwareError, Plan, Workload, hardware, trace
+from autolayout.core import HardwareError, Plan, Workload, hardware, remat_for_plan, trace
 from autolayout.cost_models import COMBINE_BYTES, COMBINED_KINDS, PROMOTED_ON_CPU
 
 from .apply import apply
@@ -163,6 +163,8 @@ def validate(
     import pandas as pd  # heavy (pandas): only where a table is asked for
 
     wl = workload or plan.workload
+    if wl is not None:
+        wl = remat_for_plan(plan, wl)
     compiled = compile_plan(plan, wl, devices)
     platform = (devices[0] if devices else _default_device()).platform
     hlo = compiled.as_text()

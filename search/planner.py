@@ -30,8 +30,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autolayout.core import Graph, Hardware, Plan, Workload, gc_paused, hardware, mesh_text, trace
-from autolayout.cost_models import check_mesh, donated_inputs, evaluate
+from autolayout.core import (
+    AutolayoutError,
+    Graph,
+    Hardware,
+    Plan,
+    Workload,
+    gc_paused,
+    hardware,
+    mesh_text,
+    parse_remat,
+    trace,
+)
+from autolayout.core import remat as remat_workload
+from autolayout.cost_models import check_mesh, donated_inputs, evaluate, recomputed_ops
 
 from .baselines import layouts_and_misses
 from .clock import Clock, clock, now, using
@@ -73,9 +85,16 @@ def plan(
     refine_shapes: int = REFINE,
     objective: str = "time",
     deterministic: bool = False,
+    remat: str = "as_written",
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
     memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
+
+    ``remat``: ``"as_written"`` (the step as it is), a policy of :func:`al.remat`
+    (``"dots_saveable"``, ``"nothing_saveable+regather"``, ...), or ``"auto"``: the step as
+    written where a plan of it fits, else each policy priced in that plan's layout, and the
+    fastest that fits searched in full (``plan.solver["remat"]`` says what was chosen, the
+    FLOPs recomputed and what was tried).
 
     ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
     per device (ties: the faster), whether or not it fits.
@@ -88,6 +107,14 @@ def plan(
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
+    kw = dict(mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, share=share,
+              progress=progress, prune=prune, full_limit=full_limit,
+              refine_shapes=refine_shapes, objective=objective, deterministic=deterministic)  # fmt: skip
+    if remat == "auto":
+        return _auto_remat(workload, hw, graph, kw)
+    if remat != "as_written":
+        policy, regather = parse_remat(remat)
+        return _with_remat(plan(remat_workload(workload, policy, regather), hw, **kw), remat, [])
     with using(Clock(deterministic)) as c:
         with gc_paused():
             p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
@@ -101,6 +128,50 @@ def plan(
                 "between runs (a larger --time-limit gives a reproducible one)"
             )
         return p
+
+
+REMAT_CANDIDATES = ("regather", "dots_saveable+regather", "nothing_saveable+regather")
+
+
+def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
+    """``plan(remat="auto")``: the step as written if it fits; else every candidate policy
+    priced in the as-written plan's mesh and rules, and the fastest that fits (else the one
+    that needs least memory) searched in full."""
+    first = plan(workload, hw, graph=graph, **kw)
+    if first.status != "INFEASIBLE":
+        return _with_remat(first, "as_written", [])
+    tried, best = [], None
+    for tag in REMAT_CANDIDATES:
+        policy, regather = parse_remat(tag)
+        try:
+            wl = remat_workload(workload, policy, regather)
+            p = evaluate(wl, hw, mesh=first.mesh, rules=first.rules())
+        except AutolayoutError as e:  # a rule the rewritten step's dims do not take
+            tried.append({"policy": tag, "error": str(e)})
+            continue
+        s = p.summary()
+        limit = kw["memory_limit"] or s["memory_limit_bytes"]
+        fits = s["memory_bytes_per_device"] <= limit
+        tried.append({"policy": tag, "fits": fits, "step_time_s": s["step_time_s"],
+                      "memory_bytes_per_device": s["memory_bytes_per_device"]})  # fmt: skip
+        key = (not fits, s["step_time_s"] if fits else s["memory_bytes_per_device"])
+        if best is None or key < best[0]:
+            best = (key, tag, wl)
+    if best is None:
+        return _with_remat(first, "as_written", tried)
+    return _with_remat(plan(best[2], hw, **kw), best[1], tried)
+
+
+def _with_remat(p: Plan, tag: str, tried: list) -> Plan:
+    """The plan with what it chose of remat: the policy, the FLOPs its recomputation adds
+    (per device) and what else was tried."""
+    again = recomputed_ops(p.graph) if p.graph is not None else set()
+    flops = (
+        sum(op.flops * op.trip_count for op in p.graph.ops if op.name in again) if again else 0.0
+    )
+    p.solver["remat"] = {"policy": tag, "recompute_flops_per_device": flops / max(p.devices, 1),
+                         "tried": tried}  # fmt: skip
+    return p
 
 
 def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress, prune,

@@ -45,6 +45,9 @@ from ._layout import partition_spec as partition_spec
 from ._layout import replicated as replicated
 from ._layout import split_factor as split_factor
 from ._plan import Plan as Plan
+from ._remat import parse_remat as parse_remat
+from ._remat import remat as remat
+from ._remat import remat_for_plan as remat_for_plan
 from ._report import PlanDiff as PlanDiff
 from ._report import axes_in_use as axes_in_use
 from ._report import collectives_by_kind as collectives_by_kind

@@ -68,6 +68,17 @@ def _elementwise(b, eqn, ins, outs):
     return {}, float(_size(b.shape(outs[0]))) if outs else 0.0
 
 
+@register("optimization_barrier")
+def _barrier(b, eqn, ins, outs):
+    """Each output is its own operand (a barrier over a weight and a cotangent does not make
+    them one dim, whatever their sizes)."""
+    for i, o in zip(ins, outs, strict=False):
+        if i is not None:
+            for ax in range(len(b.shape(o))):
+                b.link((o, ax), (i, ax))
+    return {}, 0.0
+
+
 @register("name")
 def _name(b, eqn, ins, outs):
     """``checkpoint_name``: an identity; ``al.name_dims`` uses it to name an intermediate."""

@@ -1,0 +1,301 @@
+"""Rematerialisation applied to a step as it is written (issue 23): the step is already
+differentiated, so a policy is applied to its program. Every forward value the backward pass
+reads (a residual) that the policy does not save is recomputed right before its first
+backward reader, from the values that are saved, inside a ``remat2`` equation with
+``prevent_cse`` — as ``jax.checkpoint`` itself leaves the recomputation in a differentiated
+program: XLA puts an optimization barrier on its inputs, so it neither merges the copy back
+into the forward value nor moves it before the backward pass reaches it (one cotangent is an
+input).
+
+Policies, named as ``jax.checkpoint_policies`` names them:
+
+* ``nothing_saveable``: only the residual stream is kept (the values every path from the
+  data to the loss passes through: each layer's input, as ``jax.checkpoint`` around every
+  block keeps); each layer's forward pass is recomputed when its backward pass begins.
+* ``dots_saveable``: matmul and convolution results are kept, everything else recomputed
+  (activations, norms, softmax).
+* ``dots_with_no_batch_dims_saveable``: only weight matmuls are kept; attention's scores and
+  probabilities are recomputed too (Megatron-LM's selective recomputation).
+
+A recomputation walks back at most ``MAX_DEPTH`` equations; the value it stops at is saved
+(the residual stream of an unrolled model is then kept every few layers, not recomputed
+from the first). Loops are kept whole: a scanned layer stack recomputes what its own
+``jax.checkpoint`` says."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+from jax._src import core
+from jax._src.ad_checkpoint import remat_p
+from jax._src.lax.control_flow import optimization_barrier_p
+
+from ._errors import WorkloadError
+from ._workload import Workload
+
+_DEBUG = core.DebugInfo("autolayout.remat", "the recomputation of forward values", None, None)
+POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+MAX_DEPTH = 12
+_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+_LOOPS = frozenset({"scan", "while", "cond"})
+
+
+def _inner_jaxprs(eqn: Any) -> list:
+    out = []
+    for v in eqn.params.values():
+        for x in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(x, core.ClosedJaxpr):
+                out.append(x.jaxpr)
+            elif isinstance(x, core.Jaxpr):
+                out.append(x)
+    return out
+
+
+def _has_matmul(eqn: Any, batchless: bool) -> bool:
+    if eqn.primitive.name in _MATMULS:
+        if batchless and eqn.primitive.name == "dot_general":
+            (_, _), (lb, _) = eqn.params["dimension_numbers"]
+            return not lb
+        return True
+    return any(_has_matmul(e, batchless) for j in _inner_jaxprs(eqn) for e in j.eqns)
+
+
+def _loss_index(jaxpr: Any) -> int:
+    """The equation that writes the loss: the last scalar float output's producer."""
+    where = {id(v): i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    found = [
+        where[id(v)]
+        for v in jaxpr.outvars
+        if isinstance(v, core.Var) and id(v) in where and v.aval.shape == ()
+        and "float" in str(v.aval.dtype)
+    ]  # fmt: skip
+    if not found:
+        raise WorkloadError(
+            "remat: the step returns no scalar float loss to find its backward pass"
+        )
+    return max(found)
+
+
+def _meet(a: Any, b: Any, idom: dict, depth: dict) -> Any:
+    """The nearest common dominator of ``a`` and ``b``."""
+    while a is not b:
+        if depth[a] >= depth[b]:
+            a = idom[a]
+        else:
+            b = idom[b]
+    return a
+
+
+def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
+    """The forward values that every path from the data to the loss passes through (the
+    loss's dominators), from the data input that reaches the most of the forward pass."""
+    eqns = jaxpr.eqns[: end + 1]
+    loss = [v for v in eqns[end].outvars if v.aval.shape == ()]
+    best: set = set()
+    for src in sources:
+        idom: dict[Any, Any] = {src: src}
+        depth = {src: 0}
+
+        for e in eqns:
+            preds = [u for u in e.invars if isinstance(u, core.Var) and u in idom]
+            if not preds:
+                continue
+            d = preds[0]
+            for u in preds[1:]:
+                d = _meet(d, u, idom, depth)
+            for v in e.outvars:
+                if not isinstance(v, core.DropVar):
+                    idom[v], depth[v] = d, depth[d] + 1
+        spine = set()
+        for t in loss:
+            while t in idom and t not in spine:
+                spine.add(t)
+                if idom[t] is t:
+                    break
+                t = idom[t]
+        if len(idom) > 1 and len(spine) > len(best) and src in spine:
+            best = spine
+    return best
+
+
+def rewrite(
+    closed: core.ClosedJaxpr, policy: str | None, regather: bool = False,
+    sources: list[int] | None = None,
+) -> tuple[core.ClosedJaxpr, int]:  # fmt: skip
+    """``closed`` with the residuals ``policy`` does not save recomputed in the backward pass
+    (None: as written), and with ``regather`` every input the forward pass reads read again in
+    the backward pass through an optimization barrier (a sharded weight is gathered again
+    there instead of its gathered copy being kept); and how many equations the
+    recomputations copy."""
+    if policy is not None and policy not in POLICIES:
+        raise WorkloadError(f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}")
+    jaxpr = closed.jaxpr
+    eqns = list(jaxpr.eqns)
+    end = _loss_index(jaxpr)
+    producer = {v: i for i, e in enumerate(eqns[: end + 1]) for v in e.outvars}
+    batchless = policy == "dots_with_no_batch_dims_saveable"
+    spine: set = set()
+    if policy == "nothing_saveable":
+        cands = [
+            jaxpr.invars[i] for i in (sources if sources is not None else range(len(jaxpr.invars)))
+        ]
+        spine = _spine(jaxpr, end, cands)
+
+    def saved(v: Any) -> bool:
+        if policy is None:
+            return True
+        i = producer.get(v)
+        if i is None:
+            return True  # an input or a constant
+        e = eqns[i]
+        if e.primitive.name in _LOOPS or e.effects:
+            return True
+        if policy == "nothing_saveable":
+            return v in spine
+        return _has_matmul(e, batchless)
+
+    new_eqns = eqns[: end + 1]
+    subst: dict[Any, Any] = {}
+    copied = 0
+    last_bwd: Any = None
+    forward_reads = {v for e in eqns[: end + 1] for v in e.invars if isinstance(v, core.Var)}
+    weights = {v for v in jaxpr.invars if v in forward_reads} if regather else set()
+    cots: set = set()  # backward values that carry the loss's gradient (not mere copies of
+    # forward values): what a recomputation waits for, so XLA cannot hoist it into the forward
+    for e in eqns[end + 1 :]:
+        reads = [v for v in e.invars if isinstance(v, core.Var)]
+        if not reads or any(v in cots for v in reads):
+            cots.update(v for v in e.outvars if not isinstance(v, core.DropVar))
+        tie = next((subst.get(v, v) for v in reads if v in cots), None)
+        if tie is not None:
+            last_bwd = tie
+        again = list(dict.fromkeys(v for v in e.invars if isinstance(v, core.Var)
+                                   and v in weights and v not in subst))  # fmt: skip
+        if again and last_bwd is not None:  # read again, behind a barrier the backward gates
+            fresh = [core.Var(v.aval) for v in again] + [core.Var(last_bwd.aval)]
+            new_eqns.append(core.new_jaxpr_eqn([*again, last_bwd], fresh, optimization_barrier_p,
+                                               {}, frozenset(), e.source_info))  # fmt: skip
+            subst.update(zip(again, fresh, strict=False))
+        ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
+        todo = [v for v in e.invars if isinstance(v, core.Var) and v in producer
+                and v not in subst and not saved(v)]  # fmt: skip
+        if todo and last_bwd is not None:
+            deep = 10**9 if policy == "nothing_saveable" else MAX_DEPTH
+            block, inputs = _chain(todo, eqns, producer, saved, subst, deep)
+            outs = [v for i in block for v in eqns[i].outvars if not isinstance(v, core.DropVar)]
+            inner = {v: core.Var(v.aval) for v in inputs}
+            cot = core.Var(last_bwd.aval)
+            body = []
+            for i in block:
+                x = eqns[i]
+                for v in x.outvars:
+                    if not isinstance(v, core.DropVar):
+                        inner[v] = core.Var(v.aval)
+                body.append(x.replace(
+                    invars=[inner.get(v, v) if isinstance(v, core.Var) else v for v in x.invars],
+                    outvars=[inner.get(v, v) for v in x.outvars]))  # fmt: skip
+            sub = core.Jaxpr([], [inner[v] for v in inputs] + [cot], [inner[v] for v in outs],
+                             body, frozenset().union(*(x.effects for x in body)),
+                             _DEBUG)  # fmt: skip
+            fresh = [core.Var(v.aval) for v in outs]
+            new_eqns.append(core.new_jaxpr_eqn(
+                [subst.get(v, v) for v in inputs] + [last_bwd], fresh, remat_p,
+                dict(jaxpr=sub, prevent_cse=True, differentiated=True, policy=None),
+                sub.effects, e.source_info))  # fmt: skip
+            copied += len(block)
+            subst.update(zip(outs, fresh, strict=True))
+            ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
+        new_eqns.append(e.replace(invars=ins))
+        for v in e.outvars:
+            if v in cots:
+                last_bwd = v
+    outvars = [subst.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
+    new = core.Jaxpr(jaxpr.constvars, jaxpr.invars, outvars, new_eqns, jaxpr.effects,
+                     jaxpr.debug_info)  # fmt: skip
+    return core.ClosedJaxpr(new, closed.consts), copied
+
+
+def _chain(todo, eqns, producer, saved, subst, max_depth) -> tuple[list[int], list]:
+    """The forward equations that recompute ``todo`` from saved values (at most
+    ``MAX_DEPTH`` deep), in program order, and the values they read."""
+    block: set[int] = set()
+    inputs: dict[Any, None] = {}
+    stack = [(v, 0) for v in todo]
+    seen = set()
+    while stack:
+        v, depth = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        i = producer.get(v)
+        if v in subst or i is None or saved(v) or depth >= max_depth:
+            inputs[v] = None
+            continue
+        block.add(i)
+        stack += [(u, depth + 1) for u in eqns[i].invars if isinstance(u, core.Var)]
+    made = {v for i in block for v in eqns[i].outvars}
+    return sorted(block), [v for v in inputs if v not in made]
+
+
+def remat(workload: Workload, policy: str | None, regather: bool = False) -> Workload:
+    """``workload`` with ``policy`` applied to its step (see the module's docstring): the same
+    arguments, state, data and losses; less memory, more FLOPs.
+
+    Example:
+      >>> import autolayout as al
+      >>> wl = al.load_workload("experiments/models/gpt.py")
+      >>> al.remat(wl, "dots_saveable").name
+      'gpt-tiny+remat(dots_saveable)'
+    """
+    closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
+    sizes = [len(jax.tree.leaves(a)) for a in workload.args]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
+            for k in range(starts[i], starts[i] + n)]  # fmt: skip
+    new, copied = rewrite(closed, policy, regather, data or None)
+    out_tree = jax.tree.structure(out_shape)
+
+    @functools.wraps(workload.fn)  # its argument names (params, opt_state, batch)
+    def step(*args):
+        flat = jax.tree.leaves(args)
+        return jax.tree.unflatten(out_tree, core.eval_jaxpr(new.jaxpr, new.consts, *flat))
+
+    tag = describe(policy, regather)
+    step.remat_policy = tag  # al.apply and autolayout run: already rewritten
+    options = dict(workload.options, remat_policy=tag)
+    return dataclasses.replace(workload, fn=step, name=f"{workload.name}+remat({tag})",
+                               options=options)  # fmt: skip
+
+
+def describe(policy: str | None, regather: bool) -> str:
+    """``dots_saveable``, ``dots_saveable+regather``, ``regather``, ``as_written``."""
+    parts = [p for p in (policy, "regather" if regather else None) if p]
+    return "+".join(parts) or "as_written"
+
+
+def parse(tag: str) -> tuple[str | None, bool]:
+    """The inverse of :func:`describe`."""
+    parts = tag.split("+")
+    regather = "regather" in parts
+    rest = [p for p in parts if p not in ("regather", "as_written")]
+    if len(rest) > 1 or (rest and rest[0] not in POLICIES):
+        raise WorkloadError(
+            f"unknown remat policy {tag!r}; known: {', '.join(POLICIES)}, each with +regather"
+        )
+    return (rest[0] if rest else None), regather
+
+
+def for_plan(plan: Any, workload: Workload) -> Workload:
+    """``workload`` rewritten with the remat policy ``plan`` was made with (its options'
+    ``remat_policy``), unless it already is."""
+    tag = (getattr(plan, "options", None) or {}).get("remat_policy")
+    if not tag or getattr(workload.fn, "remat_policy", None) == tag:
+        return workload
+    return remat(workload, *parse(tag))
+
+
+parse_remat = parse  # the names the package exports
+remat_for_plan = for_plan
