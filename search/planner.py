@@ -114,13 +114,14 @@ def plan(
         return _auto_remat(workload, hw, graph, kw)
     if remat != "as_written":
         policy, regather = parse_remat(remat)
-        return _with_remat(plan(remat_workload(workload, policy, regather), hw, **kw), remat, [])
+        return plan(remat_workload(workload, policy, regather), hw, **kw)
     with using(Clock(deterministic)) as c:
         with gc_paused():
             p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
                       prune, full_limit, refine_shapes, objective)  # fmt: skip
         c.mark("final")  # pricing the winner exactly, the report's tables
         p.solver["phases_s"] = dict(c.phases)
+        _with_remat(p, workload.options.get("remat_policy", "as_written"), [])
         if c.walled:
             p.solver["deterministic"] = False
             p.solver["stopped"] = (
