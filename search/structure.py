@@ -80,7 +80,7 @@ def _digest(x: Any) -> int:
 
 def _is_follower(g: Graph, op: Op, readers: dict[str, list[str]], free: set[str]) -> str | None:
     """The operand ``op`` follows, if it is a same-shape elementwise op of one real operand
-    that nothing else reads."""
+    that nothing else reads (an optimization barrier of one operand: always)."""
     if op.primitive not in _FOLLOWERS or len(op.outputs) != 1 or op.opaque:
         return None
     real = [t for t in dict.fromkeys(op.inputs) if t not in free and g.tensors[t].size > 1]
@@ -89,9 +89,9 @@ def _is_follower(g: Graph, op: Op, readers: dict[str, list[str]], free: set[str]
     t = real[0]
     if g.tensors[t].shape != g.tensors[op.outputs[0]].shape:
         return None
-    if readers.get(t, []) != [op.name]:
-        return None
-    return t
+    if readers.get(t, []) != [op.name] and op.primitive != "optimization_barrier":
+        return None  # a barrier is its operand as stored, whoever else reads it (al.remat's
+    return t  # regather: the backward pass gathers the barrier's output afresh)
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import autolayout as al
 from autolayout._cli import main
 from autolayout.runtime.run import reference_losses, run
+from autolayout.search.baselines import standard_layout
 from conftest import MODELS, ROOT, load_model
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -102,3 +103,21 @@ def test_plan_cli_prints_the_policy_and_a_bad_policy_is_one_line():
                                   "--remat", "everything_saveable"])  # fmt: skip
     assert r.exit_code != 0 and "unknown remat policy 'everything_saveable'" in r.output
     assert "Traceback" not in r.output
+
+
+def test_regather_gathers_weights_again_in_the_backward_pass_as_xla_compiles_it():
+    """FSDP with ``regather``: each weight is gathered again for the backward pass (the
+    barrier keeps it as stored), so the forward's gathered copy is not kept: the compiled
+    all-gathers are the predicted ones in bytes and count, more than as written, and the
+    predicted memory falls."""
+    wl = load_model("gpt", layers=2)
+    rows = {}
+    for w in (wl, al.remat(wl, None, True)):
+        mesh, rules = standard_layout(al.trace(w), "fsdp", 8)
+        p = al.evaluate(w, "cpu-8", mesh=mesh, rules=rules)
+        v = al.validate(p, w).set_index("quantity").loc["all-gather"]
+        assert v.predicted == pytest.approx(v.compiled, rel=0.01)
+        assert v.predicted_count == v.compiled_count
+        rows[w.name] = (v.compiled_count, p.summary()["memory_bytes_per_device"])
+    (n0, m0), (n1, m1) = rows.values()
+    assert n1 > n0 and m1 < 0.8 * m0, rows

@@ -127,8 +127,8 @@ def rewrite(
 ) -> tuple[core.ClosedJaxpr, int]:  # fmt: skip
     """``closed`` with the residuals ``policy`` does not save recomputed in the backward pass
     (None: as written), and with ``regather`` every input the forward pass reads read again in
-    the backward pass through an optimization barrier (a sharded weight is gathered again
-    there instead of its gathered copy being kept); and how many equations the
+    the backward pass through an optimization barrier of its own (a sharded weight is
+    gathered again there instead of its gathered copy being kept); and how many equations the
     recomputations copy."""
     if policy is not None and policy not in POLICIES:
         raise WorkloadError(f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -174,11 +174,12 @@ def rewrite(
             last_bwd = tie
         again = list(dict.fromkeys(v for v in e.invars if isinstance(v, core.Var)
                                    and v in weights and v not in subst))  # fmt: skip
-        if again and last_bwd is not None:  # read again, behind a barrier the backward gates
-            fresh = [core.Var(v.aval) for v in again] + [core.Var(last_bwd.aval)]
-            new_eqns.append(core.new_jaxpr_eqn([*again, last_bwd], fresh, optimization_barrier_p,
-                                               {}, frozenset(), e.source_info))  # fmt: skip
-            subst.update(zip(again, fresh, strict=False))
+        for v in again:  # read again, behind a barrier XLA does not merge across: the
+            # partitioner gathers its output afresh (the barrier keeps the stored layout)
+            fresh = core.Var(v.aval)
+            new_eqns.append(core.new_jaxpr_eqn([v], [fresh], optimization_barrier_p, {},
+                                               frozenset(), e.source_info))  # fmt: skip
+            subst[v] = fresh
         ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
         todo = [v for v in e.invars if isinstance(v, core.Var) and v in producer
                 and v not in subst and not saved(v)]  # fmt: skip
