@@ -239,10 +239,12 @@ def recomputed_ops(g: Graph) -> set[str]:
         return p is not None and index[p] > end and p not in again
 
     for i, op in enumerate(g.ops):
-        if i > end and op.remat and not any(is_cot(t) for t in op.inputs):
+        carries = any(is_cot(t) for t in op.inputs)
+        if i > end and op.remat and not carries:
             again.add(op.name)
-        for o in op.outputs:
-            cot[o] = i > end and op.name not in again
+        for o in op.outputs:  # a cotangent: made after the loss from one (or from nothing:
+            # the seed); a weight read again through a barrier is none
+            cot[o] = i > end and op.name not in again and (carries or not op.inputs)
     return again
 
 

@@ -174,18 +174,17 @@ def rewrite(
             last_bwd = tie
         again = list(dict.fromkeys(v for v in e.invars if isinstance(v, core.Var)
                                    and v in weights and v not in subst))  # fmt: skip
-        for v in again:  # read again, behind a barrier XLA does not merge across: the
-            # partitioner gathers its output afresh (the barrier keeps the stored layout)
-            fresh = core.Var(v.aval)
-            new_eqns.append(core.new_jaxpr_eqn([v], [fresh], optimization_barrier_p, {},
-                                               frozenset(), e.source_info))  # fmt: skip
-            subst[v] = fresh
+        _regather(again, subst, new_eqns, e.source_info)
         ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
         todo = [v for v in e.invars if isinstance(v, core.Var) and v in producer
                 and v not in subst and not saved(v)]  # fmt: skip
         if todo and last_bwd is not None:
             deep = 10**9 if policy == "nothing_saveable" else MAX_DEPTH
             block, inputs = _chain(todo, eqns, producer, saved, subst, deep)
+            # the recomputation reads the weights again too (else it would keep the forward
+            # pass's gathered copies alive until the backward pass)
+            _regather([v for v in inputs if v in weights and v not in subst], subst, new_eqns,
+                      e.source_info)  # fmt: skip
             outs = [v for i in block for v in eqns[i].outvars if not isinstance(v, core.DropVar)]
             inner = {v: core.Var(v.aval) for v in inputs}
             cot = core.Var(last_bwd.aval)
@@ -217,6 +216,17 @@ def rewrite(
     new = core.Jaxpr(jaxpr.constvars, jaxpr.invars, outvars, new_eqns, jaxpr.effects,
                      jaxpr.debug_info)  # fmt: skip
     return core.ClosedJaxpr(new, closed.consts), copied
+
+
+def _regather(weights: list, subst: dict, out: list, source_info: Any) -> None:
+    """Each weight read again behind an optimization barrier of its own, which XLA does not
+    merge across: the partitioner gathers its output afresh (the barrier keeps the stored
+    layout)."""
+    for v in weights:
+        fresh = core.Var(v.aval)
+        out.append(core.new_jaxpr_eqn([v], [fresh], optimization_barrier_p, {}, frozenset(),
+                                      source_info))  # fmt: skip
+        subst[v] = fresh
 
 
 def _chain(todo, eqns, producer, saved, subst, max_depth) -> tuple[list[int], list]:
