@@ -81,3 +81,37 @@ def test_predicted_collective_counts_are_what_xla_compiles(name, layout):
     for r in colls.itertuples():
         assert abs(r.predicted_count - r.compiled_count) <= max(1, round(0.1 * r.compiled_count)), r
     assert rows["ok"].all(), rows
+
+
+def test_flax_logical_partitioning_names_are_the_dim_names():
+    """A linen model whose weights carry ``nn.with_logical_partitioning`` names: the rules
+    come out in those names (the metadata reader; flax is a test dependency)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            init = nn.initializers.lecun_normal()
+            h = nn.Dense(64, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")))(x)
+            return nn.Dense(16, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")))(
+                jax.nn.relu(h)
+            )
+
+    model = MLP()
+    wl = al.train_workload(
+        lambda p, b: jnp.mean((model.apply({"params": p}, b["x"]) - b["x"]) ** 2),
+        optax.adamw(1e-3),
+        lambda key: model.init(key, jnp.zeros((1, 16)))["params"],
+        {"x": jax.ShapeDtypeStruct((32, 16), jnp.float32)},
+        lambda rng: {"x": rng.standard_normal((32, 16)).astype(np.float32)},
+    )
+    g = al.trace(wl)
+    assert {"embed", "mlp", "batch"} <= set(g.dims)
+    assert g.input_tensor("params/Dense_0/kernel").dims == ("embed", "mlp")
+    p = al.evaluate(wl, "cpu-8", mesh={"data": 4, "model": 2},
+                    rules=[("batch", ("data",)), ("mlp", ("model",))], graph=g)  # fmt: skip
+    assert run(p, wl, steps=2).losses == pytest.approx(reference_losses(wl, steps=2), rel=1e-5)
