@@ -90,8 +90,9 @@ def _meet(a: Any, b: Any, idom: dict, depth: dict) -> Any:
 
 
 def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
-    """The forward values that every path from the data to the loss passes through (the
-    loss's dominators), from the data input that reaches the most of the forward pass."""
+    """The forward values that every path from the data to the deepest value of the forward
+    pass goes through (its dominators: the residual stream), from the data input that gives
+    the longest such chain."""
     eqns = jaxpr.eqns[: end + 1]
     loss = [v for v in eqns[end].outvars if v.aval.shape == ()]
     best: set = set()
@@ -110,12 +111,15 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
                 if not isinstance(v, core.DropVar):
                     idom[v], depth[v] = d, depth[d] + 1
         spine = set()
-        for t in loss:
-            while t in idom and t not in spine:
-                spine.add(t)
-                if idom[t] is t:
-                    break
-                t = idom[t]
+        # the deepest value of the dominator tree: the loss itself where only the data's
+        # main path reaches it, the logits where labels from the same input join at the loss
+        deepest = [t for t in loss if t in idom] + sorted(depth, key=lambda v: -depth[v])[:1]
+        t = max(deepest, key=lambda v: depth[v])
+        while t in idom and t not in spine:
+            spine.add(t)
+            if idom[t] is t:
+                break
+            t = idom[t]
         if len(idom) > 1 and len(spine) > len(best) and src in spine:
             best = spine
     return best
