@@ -121,7 +121,7 @@ def plan(
                       prune, full_limit, refine_shapes, objective)  # fmt: skip
         c.mark("final")  # pricing the winner exactly, the report's tables
         p.solver["phases_s"] = dict(c.phases)
-        _with_remat(p, workload.options.get("remat_policy", "as_written"), [])
+        _record_remat(p, workload.options.get("remat_policy", "as_written"))
         if c.walled:
             p.solver["deterministic"] = False
             p.solver["stopped"] = (
@@ -140,7 +140,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     that needs least memory) searched in full."""
     first = plan(workload, hw, graph=graph, **kw)
     if first.status != "INFEASIBLE":
-        return _with_remat(first, "as_written", [])
+        return first
     tried, best = [], None
     for tag in REMAT_CANDIDATES:
         policy, regather = parse_remat(tag)
@@ -157,22 +157,22 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
                       "memory_bytes_per_device": s["memory_bytes_per_device"]})  # fmt: skip
         key = (not fits, s["step_time_s"] if fits else s["memory_bytes_per_device"])
         if best is None or key < best[0]:
-            best = (key, tag, wl)
-    if best is None:
-        return _with_remat(first, "as_written", tried)
-    return _with_remat(plan(best[2], hw, **kw), best[1], tried)
+            best = (key, wl, p.graph)
+    # the chosen step searched in full, on the graph its pricing traced
+    chosen = first if best is None else plan(best[1], hw, graph=best[2], **kw)
+    chosen.solver["remat"]["tried"] = tried
+    return chosen
 
 
-def _with_remat(p: Plan, tag: str, tried: list) -> Plan:
-    """The plan with what it chose of remat: the policy, the FLOPs its recomputation adds
-    (per device) and what else was tried."""
+def _record_remat(p: Plan, tag: str) -> None:
+    """``plan.solver["remat"]``: the policy the step was planned with, the FLOPs its
+    recomputation adds per device, and the policies ``remat="auto"`` tried (none here)."""
     again = recomputed_ops(p.graph) if p.graph is not None else set()
     flops = (
         sum(op.flops * op.trip_count for op in p.graph.ops if op.name in again) if again else 0.0
     )
     p.solver["remat"] = {"policy": tag, "recompute_flops_per_device": flops / max(p.devices, 1),
-                         "tried": tried}  # fmt: skip
-    return p
+                         "tried": []}  # fmt: skip
 
 
 def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress, prune,

@@ -175,6 +175,15 @@ def _dims(
     return uf, names, union
 
 
+def _claim(label: dict[int, str], taken: set[str], r: int, name: str) -> None:
+    """Names root ``r`` ``name``, or ``name#2``, ``name#3``... where that is taken."""
+    base, k = name, 2
+    while name in taken:
+        name, k = f"{base}#{k}", k + 1
+    label[r] = name
+    taken.add(name)
+
+
 def _labels(b, inputs, live, data, root, fam, user_names, find):
     """Names from the user, by role, of reshapes' merges and of weights' paths: ``(label per
     root, the names taken, the roots of each role name and role merge)``."""
@@ -183,13 +192,9 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
     by_role: dict[str, list[int]] = {}
 
     def claim(r: int, name: str, role: bool = False) -> None:
-        base, k = name, 2
-        while name in taken:
-            name, k = f"{base}#{k}", k + 1
-        label[r] = name
-        taken.add(name)
+        _claim(label, taken, r, name)
         if role:
-            by_role.setdefault(base, []).append(r)
+            by_role.setdefault(name, []).append(r)
 
     for r, n in user_names.items():
         if find(r) == r:
@@ -238,11 +243,7 @@ def _name_dims(
             break
 
     def claim(r: int, name: str) -> None:
-        base, k = name, 2
-        while name in taken:
-            name, k = f"{base}#{k}", k + 1
-        label[r] = name
-        taken.add(name)
+        _claim(label, taken, r, name)
 
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})

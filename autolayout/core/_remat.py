@@ -10,8 +10,9 @@ input).
 Policies, named as ``jax.checkpoint_policies`` names them:
 
 * ``nothing_saveable``: only the residual stream is kept (the values every path from the
-  data to the loss passes through: each layer's input, as ``jax.checkpoint`` around every
-  block keeps); each layer's forward pass is recomputed when its backward pass begins.
+  data to the forward pass's deepest value passes through: each layer's input, as
+  ``jax.checkpoint`` around every block keeps); each layer's forward pass is recomputed when
+  its backward pass begins.
 * ``dots_saveable``: matmul and convolution results are kept, everything else recomputed
   (activations, norms, softmax).
 * ``dots_with_no_batch_dims_saveable``: only weight matmuls are kept; attention's scores and
@@ -94,7 +95,7 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
     pass goes through (its dominators: the residual stream), from the data input that gives
     the longest such chain."""
     eqns = jaxpr.eqns[: end + 1]
-    loss = [v for v in eqns[end].outvars if v.aval.shape == ()]
+    loss = {v for v in eqns[end].outvars if v.aval.shape == ()}
     best: set = set()
     for src in sources:
         idom: dict[Any, Any] = {src: src}
@@ -113,8 +114,7 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
         spine = set()
         # the deepest value of the dominator tree: the loss itself where only the data's
         # main path reaches it, the logits where labels from the same input join at the loss
-        deepest = [t for t in loss if t in idom] + sorted(depth, key=lambda v: -depth[v])[:1]
-        t = max(deepest, key=lambda v: depth[v])
+        t = max(depth, key=lambda v: (depth[v], v in loss))
         while t in idom and t not in spine:
             spine.add(t)
             if idom[t] is t:
@@ -128,12 +128,11 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
 def rewrite(
     closed: core.ClosedJaxpr, policy: str | None, regather: bool = False,
     sources: list[int] | None = None,
-) -> tuple[core.ClosedJaxpr, int]:  # fmt: skip
+) -> core.ClosedJaxpr:  # fmt: skip
     """``closed`` with the residuals ``policy`` does not save recomputed in the backward pass
     (None: as written), and with ``regather`` every input the forward pass reads read again in
     the backward pass through an optimization barrier of its own (a sharded weight is
-    gathered again there instead of its gathered copy being kept); and how many equations the
-    recomputations copy."""
+    gathered again there instead of its gathered copy being kept)."""
     if policy is not None and policy not in POLICIES:
         raise WorkloadError(f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}")
     jaxpr = closed.jaxpr
@@ -163,7 +162,6 @@ def rewrite(
 
     new_eqns = eqns[: end + 1]
     subst: dict[Any, Any] = {}
-    copied = 0
     last_bwd: Any = None
     forward_reads = {v for e in eqns[: end + 1] for v in e.invars if isinstance(v, core.Var)}
     weights = {v for v in jaxpr.invars if v in forward_reads} if regather else set()
@@ -179,7 +177,6 @@ def rewrite(
         again = list(dict.fromkeys(v for v in e.invars if isinstance(v, core.Var)
                                    and v in weights and v not in subst))  # fmt: skip
         _regather(again, subst, new_eqns, e.source_info)
-        ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
         todo = [v for v in e.invars if isinstance(v, core.Var) and v in producer
                 and v not in subst and not saved(v)]  # fmt: skip
         if todo and last_bwd is not None:
@@ -209,9 +206,8 @@ def rewrite(
                 [subst.get(v, v) for v in inputs] + [last_bwd], fresh, remat_p,
                 dict(jaxpr=sub, prevent_cse=True, differentiated=True, policy=None),
                 sub.effects, e.source_info))  # fmt: skip
-            copied += len(block)
             subst.update(zip(outs, fresh, strict=True))
-            ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
+        ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
         new_eqns.append(e.replace(invars=ins))
         for v in e.outvars:
             if v in cots:
@@ -219,7 +215,7 @@ def rewrite(
     outvars = [subst.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
     new = core.Jaxpr(jaxpr.constvars, jaxpr.invars, outvars, new_eqns, jaxpr.effects,
                      jaxpr.debug_info)  # fmt: skip
-    return core.ClosedJaxpr(new, closed.consts), copied
+    return core.ClosedJaxpr(new, closed.consts)
 
 
 def _regather(weights: list, subst: dict, out: list, source_info: Any) -> None:
@@ -270,7 +266,7 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
             for k in range(starts[i], starts[i] + n)]  # fmt: skip
-    new, copied = rewrite(closed, policy, regather, data or None)
+    new = rewrite(closed, policy, regather, data or None)
     out_tree = jax.tree.structure(out_shape)
 
     @functools.wraps(workload.fn)  # its argument names (params, opt_state, batch)
@@ -291,7 +287,7 @@ def describe(policy: str | None, regather: bool) -> str:
     return "+".join(parts) or "as_written"
 
 
-def parse(tag: str) -> tuple[str | None, bool]:
+def parse_remat(tag: str) -> tuple[str | None, bool]:
     """The inverse of :func:`describe`."""
     parts = tag.split("+")
     regather = "regather" in parts
@@ -303,14 +299,10 @@ def parse(tag: str) -> tuple[str | None, bool]:
     return (rest[0] if rest else None), regather
 
 
-def for_plan(plan: Any, workload: Workload) -> Workload:
+def remat_for_plan(plan: Any, workload: Workload) -> Workload:
     """``workload`` rewritten with the remat policy ``plan`` was made with (its options'
     ``remat_policy``), unless it already is."""
     tag = (getattr(plan, "options", None) or {}).get("remat_policy")
     if not tag or getattr(workload.fn, "remat_policy", None) == tag:
         return workload
-    return remat(workload, *parse(tag))
-
-
-parse_remat = parse  # the names the package exports
-remat_for_plan = for_plan
+    return remat(workload, *parse_remat(tag))

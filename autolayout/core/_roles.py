@@ -6,12 +6,14 @@ from the program's structure alone (no library is special-cased):
 * ``vocab``: an axis a gather indexes with values derived from integer data (the embedding
   table's rows, the loss's logits); ``d_model``: the other axis of a rank-2 weight so indexed
   (else, in a model with attention, the dim most weights carry).
-* ``heads``: the batch dims (not ``batch``) of a dot of two activations, one of whose
-  results a softmax reduces; ``head_dim``: that dot's contracted dim (the key sequence is the
-  one a softmax reduces); ``kv_heads``: the first part a reshape merges into ``heads``
-  (grouped-query attention's repeat).
-* ``d_ff``: a dim a weight matmul produces from ``d_model`` and another contracts back into
-  ``d_model`` (an MLP's hidden units: the column/row pair Megatron splits).
+  ``classes``: an axis a gather indexes with integer labels [batch].
+* ``heads``: the batch dims (not ``batch``) of a dot of two activations whose result a
+  softmax reads (the scores); ``head_dim``: that dot's contracted dim, and the values' free
+  dim in the dot of the softmax with them; ``seq``: the scores' other dims (the positions of
+  a model without token inputs); ``kv_heads`` and ``q_per_kv``: the parts a reshape merges
+  into ``heads`` (grouped-query attention's repeat).
+* ``d_ff``: a dim weight matmuls produce from ``d_model`` and contract back into it, over
+  two weights at least (an MLP's hidden units: the column/row pair Megatron splits).
 * otherwise a weight's path without its layer index and generic leaf names
   (``down_proj.0`` for ``params/model/layers/17/mlp/down_proj/kernel`` axis 0)."""
 
@@ -131,14 +133,19 @@ def role_names(
             if x >= 0:
                 carried[x] = carried.get(x, 0) + 1
 
+    readers: dict[int, list] = {}  # tensor -> the ops that read it
+    for op in b.ops:
+        for t in op.inputs:
+            readers.setdefault(int(t[1:]), []).append(op)
+
     # integer values derived from the integer data: token ids [batch, seq] (a vocabulary)
     # and labels [batch] (classes)
     def derived_from(start: set[int]) -> set[int]:
         derived, frontier = set(start), set(start)
         for _ in range(INT_DEPTH):
             nxt = set()
-            for op in b.ops:
-                if any(int(t[1:]) in frontier for t in op.inputs):
+            for t in frontier:
+                for op in readers.get(t, ()):
                     for o in op.outputs:
                         k = int(o[1:])
                         if k not in derived and ("int" in b.dtypes[k] or b.dtypes[k] == "bool"):
@@ -219,10 +226,6 @@ def role_names(
                 head_dim.append(x)
         known = batch | set(heads) | set(head_dim)
         seqs += [r(res, a) for a in range(len(b.shapes[res])) if r(res, a) not in known]
-    readers: dict[int, list] = {}
-    for op in b.ops:
-        for t in op.inputs:
-            readers.setdefault(int(t[1:]), []).append(op)
     probs: set[int] = set()  # the scores' softmax (and its gradient): ops of their shape on
     todo = [(int(by_name[n].outputs[0][1:]), 0) for n in attention]
     while todo:

@@ -15,7 +15,9 @@ import optax
 import autolayout as al
 
 
-def config(sizes: dict, size: str, overrides: dict) -> dict:
+def config(sizes: dict, size: str, overrides: dict, dtype: str = "") -> tuple[dict, Any]:
+    """The size's shapes with ``overrides`` applied, and the element type: ``dtype``, else
+    float32 at the tiny size (the tests' exact losses) and bfloat16 at the published ones."""
     if size not in sizes:
         raise ValueError(f"unknown size {size!r}; known: {', '.join(sizes)}")
     c = dict(sizes[size])
@@ -23,7 +25,7 @@ def config(sizes: dict, size: str, overrides: dict) -> dict:
         if k not in c:
             raise ValueError(f"unknown option {k!r}; known: size, {', '.join(c)}")
         c[k] = type(c[k])(v)
-    return c
+    return c, jnp.dtype(dtype or ("float32" if size == "tiny" else "bfloat16"))
 
 
 def cast(tree: Any, dtype: Any) -> Any:

@@ -72,8 +72,7 @@ class ViT(eqx.Module):
 
 
 def workload(size: str = "tiny", dtype: str = "", **overrides):
-    c = config(SIZES, size, overrides)
-    dt = jnp.dtype(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    c, dt = config(SIZES, size, overrides, dtype)
     B, H = c["batch"], c["image"]
     abstract = eqx.filter_eval_shape(ViT, c, jax.random.key(0))
     static = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct), inverse=True)

@@ -24,8 +24,7 @@ SIZES = {
 
 
 def workload(size: str = "tiny", dtype: str = "", **overrides):
-    c = config(SIZES, size, overrides)
-    dt = jnp.dtype(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    c, dt = config(SIZES, size, overrides, dtype)
     cfg = BertConfig(
         vocab_size=c["vocab"], hidden_size=c["d_model"], num_hidden_layers=c["layers"],
         num_attention_heads=c["heads"], intermediate_size=c["d_ff"],

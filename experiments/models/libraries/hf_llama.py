@@ -6,7 +6,6 @@ autolayout plan experiments/models/libraries/hf_llama.py --set size=llama2-7b --
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from _common import cast, config, token_workload
 from transformers import FlaxLlamaForCausalLM, LlamaConfig
 
@@ -27,8 +26,7 @@ SIZES = {
 
 
 def workload(size: str = "tiny", dtype: str = "", **overrides):
-    c = config(SIZES, size, overrides)
-    dt = jnp.dtype(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    c, dt = config(SIZES, size, overrides, dtype)
     cfg = LlamaConfig(
         vocab_size=c["vocab"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],

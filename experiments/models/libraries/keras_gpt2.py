@@ -48,8 +48,8 @@ def build(c: dict, dtype: str) -> keras.Model:
 def workload(size: str = "tiny", dtype: str = "", **overrides):
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"Keras runs on {keras.backend.backend()!r}; set KERAS_BACKEND=jax")
-    c = config(SIZES, size, overrides)
-    dt = dtype or ("float32" if size == "tiny" else "bfloat16")
+    c, dtype_ = config(SIZES, size, overrides, dtype)
+    dt = dtype_.name  # Keras takes the type's name
     holder = {}
 
     def make():  # the model's structure; its variables' values are never made

@@ -56,8 +56,7 @@ class LM(nnx.Module):
 
 
 def workload(size: str = "tiny", dtype: str = "", **overrides):
-    c = config(SIZES, size, overrides)
-    dt = jnp.dtype(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    c, dt = config(SIZES, size, overrides, dtype)
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: LM(c, nnx.Rngs(0))))
 
     def init(key):  # the model's state: NNX variables, their sharding names kept
