@@ -46,3 +46,8 @@ from .sharding import op_template as op_template
 from .sharding import op_tensors as op_tensors
 from .sharding import reshard as reshard
 from .sharding import state_dims as state_dims
+from .pipeline import RUNNABLE as RUNNABLE
+from .pipeline import SCHEDULES as SCHEDULES
+from .pipeline import pipelined_plan as pipelined_plan
+from .pipeline import price_pipeline as price_pipeline
+from .pipeline import stage_hardware as stage_hardware

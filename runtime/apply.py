@@ -36,15 +36,8 @@ from autolayout.core import (
 )
 from autolayout.cost_models import output_layouts
 
-_INLINE = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
+from .pipeline import INLINE, closed_parts, pipelined_scan, stage_scans
+
 
 
 def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:
@@ -60,15 +53,13 @@ def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:
     return Mesh(np.array(devices).reshape(tuple(plan.mesh.values())), tuple(plan.mesh))
 
 
-def _closed(j: Any) -> tuple[Any, list[Any]]:
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
-        return j.jaxpr, list(j.consts)
-    return j, []
-
-
 class _Interpreter:
-    def __init__(self, plan: Plan, mesh: Mesh, visits: dict, producer: dict[str, str]):
+    def __init__(
+        self, plan: Plan, mesh: Mesh, visits: dict, producer: dict[str, str], graph: Graph
+    ):
         self.plan, self.mesh, self.visits, self.producer = plan, mesh, visits, producer
+        self.graph = graph
+        self.stage_eqns: dict[str, Any] = {}  # the stack's scans as one stage traces them
         self._shardings: dict[tuple, NamedSharding] = {}
 
     def sharding(self, layout) -> NamedSharding:
@@ -97,8 +88,8 @@ class _Interpreter:
             key = path + (index,)
             ins = [read(v) for v in eqn.invars]
             prim = eqn.primitive.name
-            if prim in _INLINE:
-                sub, sub_consts = _closed(eqn.params[_INLINE[prim]])
+            if prim in INLINE:
+                sub, sub_consts = closed_parts(eqn.params[INLINE[prim]])
                 outs = self.run(sub, sub_consts, ins, key)
             elif prim in ("remat2", "checkpoint"):
                 outs = self._remat(eqn, ins, key)
@@ -127,7 +118,7 @@ class _Interpreter:
         return [read(v) for v in jaxpr.outvars]
 
     def _remat(self, eqn: Any, ins: list, key: tuple) -> list:
-        sub, sub_consts = _closed(eqn.params["jaxpr"])
+        sub, sub_consts = closed_parts(eqn.params["jaxpr"])
 
         def body(*a):
             return self.run(sub, sub_consts, a, key)
@@ -136,8 +127,18 @@ class _Interpreter:
         return list(jax.checkpoint(body, prevent_cse=p.get("prevent_cse", True))(*ins))
 
     def _scan(self, eqn: Any, ins: list, key: tuple) -> list:
+        pipe = self.plan.options.get("pipeline")
+        if pipe and key in self.visits:  # a scan over the layer stack, run as a pipeline
+            names = self.visits[key]
+            op = next((self.producer[n] for n in names[1] if n in self.producer), None)
+            if op in pipe["loops"]:
+                outs = pipelined_scan(eqn, ins, names, self.graph, self.mesh, pipe,
+                                      self.stage_eqns[op])
+                layouts = self.plan.layouts
+                return [self.pin(x, layouts.get(n)) if n is not None else x
+                        for x, n in zip(outs, names[1], strict=False)]  # fmt: skip
         p = eqn.params
-        body, body_consts = _closed(p["jaxpr"])
+        body, body_consts = closed_parts(p["jaxpr"])
         nc, nk = p["num_consts"], p["num_carry"]
         consts, init, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
 
@@ -152,8 +153,8 @@ class _Interpreter:
 
     def _while(self, eqn: Any, ins: list, key: tuple) -> list:
         p = eqn.params
-        cj, cjc = _closed(p["cond_jaxpr"])
-        bj, bjc = _closed(p["body_jaxpr"])
+        cj, cjc = closed_parts(p["cond_jaxpr"])
+        bj, bjc = closed_parts(p["body_jaxpr"])
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cc, bc, init = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
         return list(
@@ -167,7 +168,7 @@ class _Interpreter:
     def _cond(self, eqn: Any, ins: list, key: tuple) -> list:
         branches = []
         for k, br in enumerate(eqn.params["branches"]):
-            j, jc = _closed(br)
+            j, jc = closed_parts(br)
             branches.append(lambda *a, j=j, jc=jc, k=k: self.run(j, jc, a, key + (k,)))
         return list(jax.lax.switch(ins[0], branches, *ins[1:]))
 
@@ -243,7 +244,9 @@ def apply(
             f"function has {len(graph.tensors)}: the plan was made for another function"
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
-    interp = _Interpreter(plan, mesh, visits, producer)
+    interp = _Interpreter(plan, mesh, visits, producer, graph)
+    if plan.options.get("pipeline"):
+        interp.stage_eqns = stage_scans(wl_fn, graph, plan.options["pipeline"])
     in_shardings = jax.tree_util.tree_unflatten(
         treedef, [interp.sharding(i["layout"]) for i in plan.inputs]
     )

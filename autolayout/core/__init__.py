@@ -67,3 +67,6 @@ from ._workload import load_workload as load_workload
 from ._workload import name_dims as name_dims
 from ._workload import path_str as path_str
 from ._workload import spec as spec
+from ._stages import Stack as Stack
+from ._stages import find_stack as find_stack
+from ._stages import stage_workload as stage_workload

@@ -1,0 +1,298 @@
+"""The price of a pipeline: a layer stack split over a ``stage`` axis, the batch cut into
+microbatches.
+
+A pipelined layout is priced from the plan of *one stage's step* (``core.stage_workload``:
+the stack's layers / stages, the batch / microbatches) on *one stage's devices*
+(:func:`stage_hardware`), laid out as the rest of the mesh says. Its ops fall in three parts:
+
+- **stack**: the ops of the scans over the layer stack (forward and backward), one
+  microbatch through one stage's layers: run ``M + P - 1`` times in a GPipe or 1F1B schedule
+  of ``P`` stages and ``M`` microbatches, the bubble being ``(P - 1) / (M + P - 1)``; a circular
+  schedule with ``R`` repeats runs ``M R + P - 1`` chunks of ``1/R`` of it;
+- **edge**: the rest of the forward and backward (embedding, head, loss): once per microbatch,
+  outside the pipeline and on every stage (the runtime runs them on the whole batch laid out
+  over the other axes, as MaxText runs its embedding and head); 1F1B as Megatron-LM runs it
+  puts them in the first and last stages, where they lengthen each slot;
+- **once**: the optimizer and the gradients' reductions (accumulated over microbatches, reduced
+  once a step).
+
+Between neighbouring stages each microbatch's carry (the residual stream, and its cotangent in
+the backward pass) is sent point to point on the links the stage axis spans (:func:`stage_link`:
+the slowest, the stage axis being outermost). Memory: the stage's state, plus the activations of
+every microbatch in flight: all ``M`` for GPipe and a circular schedule run as an
+autodiff'd loop (what the runtime does), ``min(M, P)`` for 1F1B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autolayout.core import (
+    Cluster,
+    Graph,
+    Hardware,
+    Plan,
+    Stack,
+    Torus,
+    Workload,
+    local_bytes,
+    op_layers,
+)
+
+from .compute import peak_flops
+from .pricing import step_time
+
+SCHEDULES = ("gpipe", "1f1b", "circular")
+RUNNABLE = ("gpipe",)  # schedules al.apply runs (a pipelined scan, forward then backward)
+_REDUCTIONS = ("all-reduce", "reduce-scatter")
+
+
+def stage_hardware(hw: Hardware, stages: int) -> Hardware | None:
+    """The devices of one stage when the outermost (slowest) level of ``hw`` is cut into
+    ``stages``: nodes of a GPU cluster, slices of a multi-slice TPU job, else the longest
+    dim of one torus (or one node's GPUs). ``None`` where it does not divide."""
+    t = hw.topology
+    if stages < 2 or hw.num_devices % stages:
+        return None
+    if isinstance(t, Cluster):
+        if t.nodes > 1:
+            if t.nodes % stages:
+                return None
+            topo = dataclasses.replace(t, nodes=t.nodes // stages)
+        elif t.per_node % stages == 0:
+            topo = dataclasses.replace(t, per_node=t.per_node // stages)
+        else:
+            return None
+    elif isinstance(t, Torus):
+        if t.slices > 1:
+            if t.slices % stages:
+                return None
+            topo = dataclasses.replace(t, slices=t.slices // stages)
+        else:
+            i = max(range(len(t.shape)), key=lambda k: t.shape[k])
+            if t.shape[i] % stages:
+                return None
+            shape = tuple(n // stages if k == i else n for k, n in enumerate(t.shape))
+            wrap = tuple(False if k == i else w for k, w in enumerate(t.wraparound))
+            topo = dataclasses.replace(t, shape=shape, wraparound=wrap)
+    else:
+        return None
+    return dataclasses.replace(
+        hw, name=f"{hw.name} (one of {stages} stages)", num_devices=hw.num_devices // stages,
+        topology=topo,
+    )  # fmt: skip
+
+
+def stage_link(hw: Hardware, stages: int) -> tuple[float, float, str]:
+    """(bytes/s per device, latency s, what) of a transfer between neighbouring stages."""
+    t = hw.topology
+    eff = hw.efficiency.collective
+    if isinstance(t, Cluster):
+        if t.nodes > 1 and t.inter_bandwidth:
+            return t.inter_bandwidth * eff, t.inter_latency_s or t.intra_latency_s, "network"
+        return t.intra_bandwidth * eff, t.intra_latency_s, "intra-node"
+    if isinstance(t, Torus) and t.slices > 1 and t.dcn_bandwidth:
+        return t.dcn_bandwidth * eff, t.dcn_latency_s, "DCN"
+    return t.link_bandwidth * eff, t.latency_s, "ICI"
+
+
+def stack_ops(g: Graph, stack: Stack) -> set[str]:
+    """Names of the ops that run once per layer of the stack (the scans' bodies, the scans)."""
+    loops = set(stack.loops)
+    out = set(loops)
+    for lp in g.loops:
+        if lp.name in loops:
+            out.update(lp.ops)
+    return out
+
+
+def _parts(stage: Plan, stack: Stack) -> dict[str, list[float]]:
+    """Per part (stack, edge, once): [compute s, comm s, FLOPs] per device of one stage's step
+    on one microbatch, the gradients' reductions moved to ``once``."""
+    body = stack_ops(stage.graph, stack)
+    layer = op_layers(stage.graph)
+    part_of: dict[str, str] = {}
+    parts = {"stack": [0.0, 0.0, 0.0], "edge": [0.0, 0.0, 0.0], "once": [0.0, 0.0, 0.0]}
+    for r in stage.ops:
+        p = "stack" if r["op"] in body else "once" if layer.get(r["op"]) == "optimizer" else "edge"
+        part_of[r["op"]] = p
+        parts[p][0] += r["compute_s"] * r["trips"]
+        parts[p][1] += r["comm_s"] * r["trips"]
+        parts[p][2] += r["flops"] * r["trips"]
+    for c in stage.collectives_:
+        if c["combined"] and c["kind"] in _REDUCTIONS:  # a gradient: reduced once a step
+            p = part_of.get(c["op"], "edge")
+            if p != "once":
+                parts[p][1] -= c["time_s"] * c["count"]
+                parts["once"][1] += c["time_s"] * c["count"]
+    return parts
+
+
+def carry_bytes(stage: Plan, stack: Stack) -> int:
+    """Bytes per device one stage sends the next per microbatch: the carries of the stack's
+    scans (the residual stream forward, its cotangent backward), as the stage lays them out."""
+    g = stage.graph
+    total = 0
+    for op in g.ops:
+        if op.name in stack.loops:
+            nc, nk = op.param("num_consts", 0), op.param("num_carry", 0)
+            for t in op.inputs[nc : nc + nk]:
+                total += local_bytes(g.tensors[t], stage.layouts[t], stage.mesh)
+    return total
+
+
+def price_pipeline(
+    stage: Plan,
+    stack: Stack,
+    hw: Hardware,
+    stages: int,
+    microbatches: int,
+    schedule: str = "gpipe",
+    repeats: int = 1,
+    *,
+    model_flops: float,
+    data_args: tuple[str, ...] = ("batch",),
+) -> dict[str, Any]:
+    """The predicted step of the pipeline whose one stage on one microbatch is ``stage``
+    (priced on ``stage_hardware(hw, stages)``): ``price``'s keys, for the whole step on all of
+    ``hw``, and ``pipeline`` (the schedule, its bubble and its parts)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    P, M, R = stages, microbatches, max(1, repeats if schedule == "circular" else 1)
+    ov = hw.efficiency.overlap
+    parts = _parts(stage, stack)
+    t = {k: step_time(c, m, ov)[0] for k, (c, m, _) in parts.items()}
+    bw, lat, link = stage_link(hw, P)
+    sent = carry_bytes(stage, stack)
+    n_scans = max(1, len([op for op in stage.graph.ops if op.name in stack.loops]))
+    per_send = lat * n_scans + sent / bw  # one microbatch over one stage boundary, both ways
+    if schedule == "1f1b":  # Megatron-LM: embedding and head in the first and last stages
+        slots = M + P - 1
+        slot = t["stack"] + t["edge"] + per_send
+        step = slots * slot + t["once"]
+        in_flight = min(M, P)
+    else:
+        slots = M * R + P - 1
+        slot = t["stack"] / R + per_send
+        step = M * t["edge"] + slots * slot + t["once"]
+        in_flight = M
+    ideal = M * (t["stack"] + t["edge"]) + t["once"]
+    st, ed, on = parts["stack"], parts["edge"], parts["once"]
+    if schedule == "1f1b":  # the bubble idles
+        compute = slots * (st[0] + ed[0]) + on[0]
+        comm = slots * (st[1] + ed[1] + per_send) + on[1]
+        flops = M * (st[2] + ed[2]) + on[2]
+    else:  # the bubble computes on nothing (masked), as the runtime's pipelined scan does
+        compute = slots * st[0] / R + M * ed[0] + on[0]
+        comm = slots * (st[1] / R + per_send) + M * ed[1] + on[1]
+        flops = slots * st[2] / R + M * ed[2] + on[2]
+    s = stage.predicted
+    by = dict(s["memory_by_category"])
+    act = by.get("activations", 0)
+    by["activations"] = act * in_flight
+    for k in data_args:  # the whole batch is an input of the step
+        if k in by:
+            by[k] = by[k] * M
+    mem = s["memory_bytes_per_device"] + sum(by.values()) - sum(s["memory_by_category"].values())
+    peak = peak_flops(hw, s["dtype"]) * hw.num_devices
+    limit = s["memory_limit_bytes"]
+    bubble = (P - 1) / slots
+    return {
+        **s,
+        "step_time_s": step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": max(0.0, step - compute),
+        "step_time_no_overlap_s": step,
+        "step_time_full_overlap_s": step,
+        "flops_per_device": flops,
+        "model_flops": model_flops,
+        "memory_bytes_per_device": mem,
+        "memory_by_category": by,
+        "fits": mem <= limit,
+        "mfu": model_flops / (step * peak) if step > 0 else 0.0,
+        "hfu": flops * hw.num_devices / (step * peak) if step > 0 else 0.0,
+        "peak_flops_per_device": peak / hw.num_devices,
+        "pipeline": {
+            "stages": P,
+            "microbatches": M,
+            "schedule": schedule,
+            "repeats": R,
+            "bubble": bubble,
+            "slots": slots,
+            "stage_microbatch_s": t["stack"],
+            "edge_microbatch_s": t["edge"],
+            "once_s": t["once"],
+            "transfer_bytes_per_microbatch": sent,
+            "transfer_s_per_microbatch": per_send,
+            "link": link,
+            "bubble_s": step - ideal - slots * per_send if step > ideal else 0.0,
+            "activations_in_flight": in_flight,
+        },
+    }
+
+
+
+def pipelined_plan(
+    workload: Workload,
+    g: Graph,
+    hw: Hardware,
+    stage: Plan,
+    stack: Stack,
+    stages: int,
+    microbatches: int,
+    schedule: str = "gpipe",
+    repeats: int = 1,
+    *,
+    memory_limit: float | None = None,
+) -> Plan:
+    """The whole step's plan on ``hw`` whose one stage on one microbatch is ``stage``: the mesh
+    ``{"stage": P, **stage.mesh}``, the rules ``stack.dim -> stage`` and the stage's, every
+    tensor laid out by them (the runtime pins what lies outside the pipelined scans), the
+    prediction of :func:`price_pipeline`. Its report rows and collectives are the stage's on
+    one microbatch, and the transfers between stages."""
+    from .plans import evaluate  # the whole step's layouts, by the rules
+
+    mesh = {"stage": stages, **stage.mesh}
+    rules = [(stack.dim, ("stage",))] + [(d, a) for d, a in stage.rules() if d != stack.dim]
+    whole = evaluate(workload, hw, mesh=mesh, rules=rules, graph=g)
+    names = workload.argnames
+    data = tuple(names[i] for i in range(len(names)) if i not in workload.donate_argnums)
+    pred = price_pipeline(
+        stage, stack, hw, stages, microbatches, schedule, repeats,
+        model_flops=whole.predicted["model_flops"], data_args=data,
+    )  # fmt: skip
+    if memory_limit is not None:
+        pred["memory_limit_bytes"] = memory_limit
+        pred["fits"] = pred["memory_bytes_per_device"] <= memory_limit
+    pipe = pred["pipeline"]
+    sends = []
+    for op in stage.graph.ops:
+        if op.name in stack.loops:
+            nc, nk = op.param("num_consts", 0), op.param("num_carry", 0)
+            for t in op.inputs[nc : nc + nk]:
+                nbytes = local_bytes(stage.graph.tensors[t], stage.layouts[t], stage.mesh)
+                sends.append({"op": op.name, "kind": "collective-permute", "axes": ("stage",),
+                              "bytes": nbytes, "time_s": pipe["transfer_s_per_microbatch"]
+                              * nbytes / max(1, pipe["transfer_bytes_per_microbatch"]),
+                              "count": pipe["slots"], "tensor": t,
+                              "why": "a microbatch's carry to the next stage", "combined": False})  # fmt: skip
+    status = stage.status if stage.status in ("OPTIMAL", "FEASIBLE") else "FEASIBLE"
+    if not pred["fits"]:
+        status = "INFEASIBLE"
+    elif status == "OPTIMAL":
+        status = "FEASIBLE"  # optimal for one stage's layout, not over stages and microbatches
+    solver = {k: v for k, v in stage.solver.items() if k not in ("lower_bound_s", "gap")}
+    solver["pipeline"] = {**pipe, "stack": stack.dim, "loops": list(stack.loops),
+                          "stage_hardware": stage.hardware, "stage_mesh": dict(stage.mesh),
+                          "stage_step_s": stage.predicted["step_time_s"],
+                          "rows": "the report's rows are one stage's step on one microbatch"}  # fmt: skip
+    solver["status"] = status
+    return dataclasses.replace(
+        whole, status=status, predicted=pred, ops=list(stage.ops),
+        collectives_=list(stage.collectives_) + sends, solver=solver, reads={},
+        options={**whole.options, "pipeline": {"stages": stages, "microbatches": microbatches,
+                 "schedule": schedule, "repeats": pipe["repeats"], "dim": stack.dim,
+                 "batch": stack.batch, "loops": list(stack.loops)}},
+    )  # fmt: skip
