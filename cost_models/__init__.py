@@ -51,3 +51,4 @@ from .pipeline import SCHEDULES as SCHEDULES
 from .pipeline import pipelined_plan as pipelined_plan
 from .pipeline import price_pipeline as price_pipeline
 from .pipeline import stage_hardware as stage_hardware
+from .pipeline import flops_as_compiled as flops_as_compiled

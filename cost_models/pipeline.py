@@ -38,6 +38,7 @@ from autolayout.core import (
     Workload,
     local_bytes,
     op_layers,
+    scan_parts,
 )
 
 from .compute import peak_flops
@@ -107,22 +108,33 @@ def stack_ops(g: Graph, stack: Stack) -> set[str]:
     return out
 
 
-def _parts(stage: Plan, stack: Stack) -> dict[str, list[float]]:
-    """Per part (stack, edge, once): [compute s, comm s, FLOPs] per device of one stage's step
-    on one microbatch, the gradients' reductions moved to ``once``."""
+def part_of(stage: Plan, stack: Stack) -> dict[str, str]:
+    """Each op of one stage's step: ``stack`` (runs per layer of the stack), ``once`` (the
+    optimizer) or ``edge`` (the rest of the forward and backward)."""
     body = stack_ops(stage.graph, stack)
     layer = op_layers(stage.graph)
-    part_of: dict[str, str] = {}
+    return {
+        r["op"]: "stack" if r["op"] in body else "once" if layer.get(r["op"]) == "optimizer"
+        else "edge"
+        for r in stage.ops
+    }  # fmt: skip
+
+
+def _parts(stage: Plan, stack: Stack, reduce_once: bool) -> dict[str, list[float]]:
+    """Per part (stack, edge, once): [compute s, comm s, FLOPs] per device of one stage's step
+    on one microbatch; ``reduce_once``: the gradients' reductions moved to ``once`` (1F1B as
+    Megatron-LM runs it accumulates gradients over microbatches; the runtime's pipelined scan
+    reduces each microbatch's, as XLA partitions a sum carried by a loop)."""
+    where = part_of(stage, stack)
     parts = {"stack": [0.0, 0.0, 0.0], "edge": [0.0, 0.0, 0.0], "once": [0.0, 0.0, 0.0]}
     for r in stage.ops:
-        p = "stack" if r["op"] in body else "once" if layer.get(r["op"]) == "optimizer" else "edge"
-        part_of[r["op"]] = p
+        p = where[r["op"]]
         parts[p][0] += r["compute_s"] * r["trips"]
         parts[p][1] += r["comm_s"] * r["trips"]
         parts[p][2] += r["flops"] * r["trips"]
-    for c in stage.collectives_:
+    for c in stage.collectives_ if reduce_once else ():
         if c["combined"] and c["kind"] in _REDUCTIONS:  # a gradient: reduced once a step
-            p = part_of.get(c["op"], "edge")
+            p = where.get(c["op"], "edge")
             if p != "once":
                 parts[p][1] -= c["time_s"] * c["count"]
                 parts["once"][1] += c["time_s"] * c["count"]
@@ -136,8 +148,7 @@ def carry_bytes(stage: Plan, stack: Stack) -> int:
     total = 0
     for op in g.ops:
         if op.name in stack.loops:
-            nc, nk = op.param("num_consts", 0), op.param("num_carry", 0)
-            for t in op.inputs[nc : nc + nk]:
+            for t in scan_parts(op)[1]:
                 total += local_bytes(g.tensors[t], stage.layouts[t], stage.mesh)
     return total
 
@@ -161,12 +172,14 @@ def price_pipeline(
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     P, M, R = stages, microbatches, max(1, repeats if schedule == "circular" else 1)
     ov = hw.efficiency.overlap
-    parts = _parts(stage, stack)
+    parts = _parts(stage, stack, reduce_once=schedule == "1f1b")
     t = {k: step_time(c, m, ov)[0] for k, (c, m, _) in parts.items()}
     bw, lat, link = stage_link(hw, P)
     sent = carry_bytes(stage, stack)
     n_scans = max(1, len([op for op in stage.graph.ops if op.name in stack.loops]))
     per_send = lat * n_scans + sent / bw  # one microbatch over one stage boundary, both ways
+    # the last stage's results (the whole batch's carry) to every stage, once a scan
+    exit_s = 0.0 if schedule == "1f1b" else lat * n_scans + 2 * (P - 1) / P * sent * M / bw
     if schedule == "1f1b":  # Megatron-LM: embedding and head in the first and last stages
         slots = M + P - 1
         slot = t["stack"] + t["edge"] + per_send
@@ -175,7 +188,7 @@ def price_pipeline(
     else:
         slots = M * R + P - 1
         slot = t["stack"] / R + per_send
-        step = M * t["edge"] + slots * slot + t["once"]
+        step = M * t["edge"] + slots * slot + t["once"] + exit_s
         in_flight = M
     ideal = M * (t["stack"] + t["edge"]) + t["once"]
     st, ed, on = parts["stack"], parts["edge"], parts["once"]
@@ -185,7 +198,7 @@ def price_pipeline(
         flops = M * (st[2] + ed[2]) + on[2]
     else:  # the bubble computes on nothing (masked), as the runtime's pipelined scan does
         compute = slots * st[0] / R + M * ed[0] + on[0]
-        comm = slots * (st[1] / R + per_send) + M * ed[1] + on[1]
+        comm = slots * (st[1] / R + per_send) + M * ed[1] + on[1] + exit_s
         flops = slots * st[2] / R + M * ed[2] + on[2]
     s = stage.predicted
     by = dict(s["memory_by_category"])
@@ -226,8 +239,9 @@ def price_pipeline(
             "once_s": t["once"],
             "transfer_bytes_per_microbatch": sent,
             "transfer_s_per_microbatch": per_send,
+            "exit_s": exit_s,
             "link": link,
-            "bubble_s": step - ideal - slots * per_send if step > ideal else 0.0,
+            "bubble_s": max(0.0, step - ideal - slots * per_send - exit_s),
             "activations_in_flight": in_flight,
         },
     }
@@ -267,17 +281,7 @@ def pipelined_plan(
         pred["memory_limit_bytes"] = memory_limit
         pred["fits"] = pred["memory_bytes_per_device"] <= memory_limit
     pipe = pred["pipeline"]
-    sends = []
-    for op in stage.graph.ops:
-        if op.name in stack.loops:
-            nc, nk = op.param("num_consts", 0), op.param("num_carry", 0)
-            for t in op.inputs[nc : nc + nk]:
-                nbytes = local_bytes(stage.graph.tensors[t], stage.layouts[t], stage.mesh)
-                sends.append({"op": op.name, "kind": "collective-permute", "axes": ("stage",),
-                              "bytes": nbytes, "time_s": pipe["transfer_s_per_microbatch"]
-                              * nbytes / max(1, pipe["transfer_bytes_per_microbatch"]),
-                              "count": pipe["slots"], "tensor": t,
-                              "why": "a microbatch's carry to the next stage", "combined": False})  # fmt: skip
+    colls = step_collectives(stage, stack, pred["pipeline"], schedule)
     status = stage.status if stage.status in ("OPTIMAL", "FEASIBLE") else "FEASIBLE"
     if not pred["fits"]:
         status = "INFEASIBLE"
@@ -287,12 +291,73 @@ def pipelined_plan(
     solver["pipeline"] = {**pipe, "stack": stack.dim, "loops": list(stack.loops),
                           "stage_hardware": stage.hardware, "stage_mesh": dict(stage.mesh),
                           "stage_step_s": stage.predicted["step_time_s"],
-                          "rows": "the report's rows are one stage's step on one microbatch"}  # fmt: skip
+                          "rows": "the report's rows are one stage's step on one microbatch",
+                          "whole_batch_ops": whole_batch_ops(stage, stack)}  # fmt: skip
     solver["status"] = status
     return dataclasses.replace(
         whole, status=status, predicted=pred, ops=list(stage.ops),
-        collectives_=list(stage.collectives_) + sends, solver=solver, reads={},
+        collectives_=colls, solver=solver, reads={},
         options={**whole.options, "pipeline": {"stages": stages, "microbatches": microbatches,
                  "schedule": schedule, "repeats": pipe["repeats"], "dim": stack.dim,
                  "batch": stack.batch, "loops": list(stack.loops)}},
     )  # fmt: skip
+
+
+def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> list[dict]:
+    """The whole pipelined step's collectives from one stage's on one microbatch: the stack's
+    run in every slot, the edge's once on the whole batch (a tensor with the batch dim moves
+    ``M`` times the bytes), the optimizer's once; then each scan's carries sent between
+    stages every slot and, but in 1F1B, the last stage's results all-reduced over ``stage``."""
+    g, M, slots = stage.graph, pipe["microbatches"], pipe["slots"]
+    where = part_of(stage, stack)
+    out = []
+    for c in stage.collectives_:
+        p = where.get(c["op"], "edge")
+        c = dict(c)
+        if p == "stack":
+            c["count"] = c["count"] * slots // pipe["repeats"]
+        elif p == "edge" and stack.batch in g.tensors[c["tensor"]].dims:
+            c["bytes"] = c["bytes"] * M
+            c["time_s"] = c["time_s"] * M
+        out.append(c)
+    P, share = pipe["stages"], pipe["transfer_s_per_microbatch"]
+    for op in g.ops:
+        if op.name not in stack.loops:
+            continue
+        for t in scan_parts(op)[1]:
+            b = local_bytes(g.tensors[t], stage.layouts[t], stage.mesh)
+            frac = b / max(1, pipe["transfer_bytes_per_microbatch"])
+            out.append({"op": op.name, "kind": "collective-permute", "axes": ("stage",),
+                        "bytes": b, "time_s": share * frac, "count": slots, "tensor": t,
+                        "why": "a microbatch's carry to the next stage", "combined": False})  # fmt: skip
+            if schedule != "1f1b":
+                out.append({"op": op.name, "kind": "all-reduce", "axes": ("stage",),
+                            "bytes": b * M, "time_s": pipe["exit_s"] * frac, "count": 1,
+                            "tensor": t, "why": "the last stage's results to every stage",
+                            "combined": False})  # fmt: skip
+    del P
+    return out
+
+
+def whole_batch_ops(stage: Plan, stack: Stack) -> list[str]:
+    """The edge ops of one stage's step that run on the whole batch in the pipelined step
+    (an output or input with the batch dim): their work is ``M`` times the row's."""
+    g, where = stage.graph, part_of(stage, stack)
+    by_name = {op.name: op for op in g.ops}
+    out = []
+    for name, p in where.items():
+        op = by_name.get(name)
+        if p == "edge" and op is not None and any(
+            stack.batch in g.tensors[t].dims for t in (*op.outputs, *op.inputs)
+        ):
+            out.append(name)
+    return out
+
+
+def flops_as_compiled(plan: Plan) -> float:
+    """The report's FLOPs as XLA's ``cost_analysis`` counts the step (a loop body once): a
+    pipelined plan's edge ops on the whole batch count ``M`` times their one-microbatch row."""
+    pipe = plan.solver.get("pipeline")
+    scaled = set(pipe.get("whole_batch_ops", ())) if pipe else set()
+    m = pipe["microbatches"] if pipe else 1
+    return float(sum(r["flops"] * (m if r["op"] in scaled else 1) for r in plan.ops))

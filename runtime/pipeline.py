@@ -128,12 +128,18 @@ def pipelined_scan(
         raise PlanError(f"a batch of {n[0]} does not cut into {M} microbatches")
     fed = [a is not None for a in ca] + [True] * nk + [a is not None for a in xa]
     y_fed = _batch_fed(body, fed)[nk:]
-    if p["reverse"]:
-        xs = [jnp.flip(x, 0) for x in xs]
+    rev = p["reverse"]  # the backward's scan: microbatches enter at the last stage
 
     def cut(x: Any, a: int) -> Any:  # batch axis a -> [M, B/M, rest...]
+        # microbatch m is rows m, M + m, 2M + m, ...: the batch's split over the other axes
+        # stays on the rows within a microbatch (a major M would put whole microbatches on
+        # devices, and each stage's read of one would gather it)
         x = jnp.moveaxis(x, a, 0)
-        return x.reshape(M, x.shape[0] // M, *x.shape[1:])
+        return jnp.moveaxis(x.reshape(x.shape[0] // M, M, *x.shape[1:]), 1, 0)
+
+    def join(x: Any, a: int) -> Any:  # [M, B/M, rest...] -> batch axis a (cut's inverse)
+        x = jnp.moveaxis(x, 0, 1)
+        return jnp.moveaxis(x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), 0, a)
 
     def per_stage(x: Any, a: int | None) -> Any:  # [L, ...] -> [P, k, ...] or [P, k, M, mb, ...]
         x = x.reshape(P, k, *x.shape[1:])
@@ -146,6 +152,7 @@ def pipelined_scan(
 
     def stage_fn(consts_m, init_m, xs_s):
         s = jax.lax.axis_index("stage")
+        pos = P - 1 - s if rev else s  # the stage's place in the pipeline's order
         w = [x[0] for x in xs_s]
         state = [jnp.zeros(c.shape[1:], c.dtype) for c in init_m]
         outbuf = [jnp.zeros(c.shape, c.dtype) for c in init_m]
@@ -159,11 +166,11 @@ def pipelined_scan(
 
         def iteration(c, t):
             state, outbuf, ybuf = c
-            m = t - s
+            m = t - pos
             valid = (m >= 0) & (m < M)
             mc = jnp.clip(m, 0, M - 1)
             first = jnp.clip(t, 0, M - 1)
-            inp = [jnp.where(s == 0, i[first], st) for i, st in zip(init_m, state, strict=True)]
+            inp = [jnp.where(pos == 0, i[first], st) for i, st in zip(init_m, state, strict=True)]
             cs = [cc if a is None else cc[mc] for cc, a in zip(consts_m, ca, strict=True)]
             xw = [x if a is None else x[:, mc] for x, a in zip(w, xa, strict=True)]
 
@@ -171,7 +178,7 @@ def pipelined_scan(
                 out = jax.core.eval_jaxpr(body, body_consts, *cs, *carry, *xl)
                 return out[:nk], out[nk:]
 
-            new, ys = jax.lax.scan(layer, inp, xw)
+            new, ys = jax.lax.scan(layer, inp, xw, reverse=rev)
             ys_out = []
             for y, buf, a, f in zip(ys, ybuf, ya, y_fed, strict=True):
                 if a is not None:
@@ -181,38 +188,37 @@ def pipelined_scan(
                     ys_out.append(buf + jnp.where(valid, y, jnp.zeros_like(y)))
                 else:  # the same for every microbatch
                     ys_out.append(jnp.where(valid, y, buf))
-            last = valid & (s == P - 1)
+            last = valid & (pos == P - 1)
             outbuf = [jnp.where(last, ob.at[mc].set(v), ob) for ob, v in zip(outbuf, new, strict=True)]
-            perm = [(i, i + 1) for i in range(P - 1)]
+            perm = [(i + 1, i) if rev else (i, i + 1) for i in range(P - 1)]
             state = [jax.lax.ppermute(v, "stage", perm) for v in new]
             return (state, outbuf, ys_out), None
 
         (state, outbuf, ybuf), _ = jax.lax.scan(
             iteration, (state, outbuf, ybuf), jnp.arange(M + P - 1)
         )
-        return [ob[None] for ob in outbuf], [yb[None] for yb in ybuf]
+        # the last stage's results to every stage (what follows the stack runs on all)
+        outbuf = [jax.lax.psum(jnp.where(pos == P - 1, ob, jnp.zeros_like(ob)), "stage")
+                  for ob in outbuf]  # fmt: skip
+        return outbuf, [yb[None] for yb in ybuf]
 
     rep, split = PartitionSpec(), PartitionSpec("stage")
     outbuf, ybuf = jax.shard_map(
         stage_fn,
         mesh=mesh,
         in_specs=([rep] * nc, [rep] * nk, [split] * len(xs_s)),
-        out_specs=([split] * nk, [split] * len(ya)),
+        out_specs=([rep] * nk, [split] * len(ya)),
         axis_names={"stage"},
         check_vma=False,
     )(consts_m, init_m, xs_s)
     carry = []
     for ob, a in zip(outbuf, ka, strict=True):
-        x = ob[P - 1]
-        x = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-        carry.append(jnp.moveaxis(x, 0, a))
+        carry.append(join(ob, a))
     ys = []
     for y, av, a in zip(ybuf, y_avals, ya, strict=True):
         if a is not None:  # [P, k, M, mb, rest] -> [L, ..., B at a, ...]
-            y = y.reshape(L, y.shape[2] * y.shape[3], *y.shape[4:])
-            y = jnp.moveaxis(y, 1, a + 1)
+            y = jax.vmap(lambda v: join(v, a))(y.reshape(L, *y.shape[2:]))
         else:
             y = y.reshape(L, *y.shape[2:])
-        ys.append(jnp.flip(y, 0) if p["reverse"] else y)
-        assert y.shape == av.shape, (y.shape, av.shape)
+        ys.append(y)
     return [*carry, *ys]

@@ -23,7 +23,12 @@ import jax
 import numpy as np
 
 from autolayout.core import HardwareError, Plan, Workload, hardware, remat_for_plan, trace
-from autolayout.cost_models import COMBINE_BYTES, COMBINED_KINDS, PROMOTED_ON_CPU
+from autolayout.cost_models import (
+    COMBINE_BYTES,
+    COMBINED_KINDS,
+    PROMOTED_ON_CPU,
+    flops_as_compiled,
+)
 
 from .apply import apply
 
@@ -228,8 +233,7 @@ def validate(
         converts = _convert_elements(hlo)
         flops -= converts
         note = f"{converts:.4g} convert FLOPs of XLA:CPU's float normalisation left out"
-    ops = plan.report()  # cost_analysis() counts a while body once: so does this row
-    once = float(ops["flops"].sum()) if len(ops) else 0.0
+    once = flops_as_compiled(plan)  # cost_analysis() counts a while body once: so does this row
     rows.append(_row("flops", once, flops, None, None, True, tolerance, note))
     ma = compiled.memory_analysis()
     mem = float("nan")

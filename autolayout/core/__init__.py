@@ -70,3 +70,4 @@ from ._workload import spec as spec
 from ._stages import Stack as Stack
 from ._stages import find_stack as find_stack
 from ._stages import stage_workload as stage_workload
+from ._stages import scan_parts as scan_parts

@@ -31,10 +31,15 @@ class Stack:
     batch: str
 
 
-def _scan_parts(op) -> tuple[list[str], list[str], list[str]]:
-    """A scan op's inputs as (consts, carries, xs)."""
-    nc, nk = op.param("num_consts", 0), op.param("num_carry", 0)
+def scan_parts(op) -> tuple[list[str], list[str], list[str]]:
+    """A scan op's inputs as (consts, carries, xs). An operand that is a literal is no input
+    of the op, so the consts are the leading inputs the tracer recorded as consts."""
+    consts = set(op.param("aliased_inputs", ()))
     ins = list(op.inputs)
+    nc = 0
+    while nc < len(ins) and ins[nc] in consts:
+        nc += 1
+    nk = op.param("num_carry", 0)
     return ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
 
 
@@ -45,7 +50,7 @@ def find_stack(g: Graph) -> Stack | str:
     for op in g.ops:
         if op.primitive != "scan" or op.scope:
             continue
-        _, carries, xs = _scan_parts(op)
+        _, carries, xs = scan_parts(op)
         weights = [t for t in xs if g.tensors[t].role == "input" and g.tensors[t].dims]
         if not weights:
             continue
@@ -61,7 +66,7 @@ def find_stack(g: Graph) -> Stack | str:
         return f"{g.name}: no dim named 'batch' to cut into microbatches"
     dim, ops = max(by_dim.items(), key=lambda kv: g.dims[kv[0]])
     for op in ops:
-        _, carries, _ = _scan_parts(op)
+        _, carries, _ = scan_parts(op)
         flat = [t for t in carries if batch not in g.tensors[t].dims]
         if flat:
             return (
