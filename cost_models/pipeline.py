@@ -42,6 +42,7 @@ from autolayout.core import (
 )
 
 from .compute import peak_flops
+from .plans import evaluate, output_layouts
 from .pricing import step_time
 
 SCHEDULES = ("gpipe", "1f1b", "circular")
@@ -266,11 +267,15 @@ def pipelined_plan(
     tensor laid out by them (the runtime pins what lies outside the pipelined scans), the
     prediction of :func:`price_pipeline`. Its report rows and collectives are the stage's on
     one microbatch, and the transfers between stages."""
-    from .plans import evaluate  # the whole step's layouts, by the rules
-
     mesh = {"stage": stages, **stage.mesh}
     rules = [(stack.dim, ("stage",))] + [(d, a) for d, a in stage.rules() if d != stack.dim]
     whole = evaluate(workload, hw, mesh=mesh, rules=rules, graph=g)
+    mapped = stage_layouts_on(g, stage, stack)
+    if mapped is not None:  # the stage's layout exactly, exceptions to its rules too
+        whole = dataclasses.replace(
+            whole, layouts=mapped, outputs=output_layouts(workload, g, mapped),
+            inputs=[dict(i, layout=mapped[t]) for i, t in zip(whole.inputs, g.inputs, strict=True)],
+        )  # fmt: skip
     names = workload.argnames
     data = tuple(names[i] for i in range(len(names)) if i not in workload.donate_argnums)
     pred = price_pipeline(
@@ -288,7 +293,7 @@ def pipelined_plan(
     elif status == "OPTIMAL":
         status = "FEASIBLE"  # optimal for one stage's layout, not over stages and microbatches
     solver = {k: v for k, v in stage.solver.items() if k not in ("lower_bound_s", "gap")}
-    solver["pipeline"] = {**pipe, "stack": stack.dim, "loops": list(stack.loops),
+    solver["pipeline"] = {**pipe, "dim": stack.dim, "batch": stack.batch, "loops": list(stack.loops),
                           "stage_hardware": stage.hardware, "stage_mesh": dict(stage.mesh),
                           "stage_step_s": stage.predicted["step_time_s"],
                           "rows": "the report's rows are one stage's step on one microbatch",
@@ -297,10 +302,27 @@ def pipelined_plan(
     return dataclasses.replace(
         whole, status=status, predicted=pred, ops=list(stage.ops),
         collectives_=colls, solver=solver, reads={},
-        options={**whole.options, "pipeline": {"stages": stages, "microbatches": microbatches,
-                 "schedule": schedule, "repeats": pipe["repeats"], "dim": stack.dim,
-                 "batch": stack.batch, "loops": list(stack.loops)}},
     )  # fmt: skip
+
+
+def stage_layouts_on(g: Graph, stage: Plan, stack: Stack) -> dict | None:
+    """One stage's layouts on the whole step's tensors, the stack's dim split over ``stage``
+    too: the two traces are of one program at other sizes, so their tensors correspond by name
+    where every tensor has the same dims (``None`` where they do not)."""
+    sg = stage.graph
+    if sg is None or len(sg.tensors) != len(g.tensors):
+        return None
+    out = {}
+    for t, tt in g.tensors.items():
+        st = sg.tensors.get(t)
+        if st is None or len(st.dims) != len(tt.dims):
+            return None
+        lay = stage.layouts[t]
+        if stack.dim in tt.dims:
+            i = tt.dims.index(stack.dim)
+            lay = tuple(("stage", *a) if k == i else a for k, a in enumerate(lay))
+        out[t] = lay
+    return out
 
 
 def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> list[dict]:

@@ -127,7 +127,7 @@ class _Interpreter:
         return list(jax.checkpoint(body, prevent_cse=p.get("prevent_cse", True))(*ins))
 
     def _scan(self, eqn: Any, ins: list, key: tuple) -> list:
-        pipe = self.plan.options.get("pipeline")
+        pipe = self.plan.solver.get("pipeline")
         if pipe and key in self.visits:  # a scan over the layer stack, run as a pipeline
             names = self.visits[key]
             op = next((self.producer[n] for n in names[1] if n in self.producer), None)
@@ -245,8 +245,8 @@ def apply(
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer, graph)
-    if plan.options.get("pipeline"):
-        interp.stage_eqns = stage_scans(wl_fn, graph, plan.options["pipeline"])
+    if plan.solver.get("pipeline"):
+        interp.stage_eqns = stage_scans(wl_fn, graph, plan.solver["pipeline"])
     in_shardings = jax.tree_util.tree_unflatten(
         treedef, [interp.sharding(i["layout"]) for i in plan.inputs]
     )

@@ -35,6 +35,7 @@ from autolayout.core import (
     Graph,
     Hardware,
     Plan,
+    PlanError,
     Workload,
     gc_paused,
     hardware,
@@ -49,6 +50,7 @@ from .baselines import layouts_and_misses
 from .clock import Clock, clock, now, using
 from .final import _to_plan
 from .meshes import mesh_shapes
+from .pipeline import plan_pipelined
 from .refine import FULL_LIMIT, least_memory, refine
 from .request import build
 from .seeds import ShapeResult, _score, seeds
@@ -86,6 +88,10 @@ def plan(
     objective: str = "time",
     deterministic: bool = False,
     remat: str = "as_written",
+    pipeline: bool = False,
+    stages: int | None = None,
+    microbatches: int | None = None,
+    schedule: str = "gpipe",
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
     memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
@@ -95,6 +101,12 @@ def plan(
     written where a plan of it fits, else each policy priced in that plan's layout, and the
     fastest that fits searched in full (``plan.solver["remat"]`` says what was chosen, the
     FLOPs recomputed and what was tried).
+
+    ``pipeline``: also try pipeline stages (a scanned layer stack split over a ``stage``
+    axis, the batch cut into microbatches; ``stages`` / ``microbatches`` fix them, and imply
+    it); half the time goes to each, and the faster that fits is returned
+    (``plan.solver["pipeline"]`` on a pipelined plan, ``plan.solver["pipeline_choice"]`` on
+    both: what each would take).
 
     ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
     per device (ties: the faster), whether or not it fits.
@@ -110,6 +122,8 @@ def plan(
     kw = dict(mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, share=share,
               progress=progress, prune=prune, full_limit=full_limit,
               refine_shapes=refine_shapes, objective=objective, deterministic=deterministic)  # fmt: skip
+    if pipeline or stages:
+        return _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule)
     if remat == "auto":
         return _auto_remat(workload, hw, graph, kw)
     if remat != "as_written":
@@ -129,6 +143,52 @@ def plan(
                 "between runs (a larger --time-limit gives a reproducible one)"
             )
         return p
+
+
+def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule) -> Plan:
+    """``plan(pipeline=True)``: the plan without stages and the best pipelined one, half the
+    time each; the faster that fits (a pipeline where ``stages`` is given and one fits)."""
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    half = dict(kw, time_limit_s=kw["time_limit_s"] / 2)
+    mesh = half.pop("mesh")
+    if mesh and "stage" in mesh:
+        stages = stages or mesh["stage"]
+    inner_mesh = {a: n for a, n in mesh.items() if a != "stage"} if mesh else None
+    base = None
+    if not stages:
+        base = plan(workload, hw, graph=graph, mesh=mesh, remat=remat, **half)
+
+    def stage_plan(swl, sub, **k):  # one stage's step, searched in full
+        return plan(swl, sub, mesh=inner_mesh, objective=kw["objective"], **k)
+
+    pp, tried, why = plan_pipelined(
+        workload, hw, graph=graph, time_limit_s=half["time_limit_s"],
+        memory_limit=kw["memory_limit"], stages=stages, microbatches=microbatches,
+        schedule=schedule, plan_fn=stage_plan, deterministic=kw["deterministic"],
+    )  # fmt: skip
+    if pp is None and base is None:
+        raise PlanError(f"cannot pipeline: {why}")
+
+    def key(p: Plan) -> tuple:
+        s = p.predicted
+        return (not s["fits"], s["step_time_s"] if s["fits"] else s["memory_bytes_per_device"])
+
+    chosen = pp if base is None or (pp is not None and key(pp) < key(base)) else base
+    side = {
+        "without": None if base is None else {
+            "mesh": dict(base.mesh), "step_time_s": base.predicted["step_time_s"],
+            "memory_bytes_per_device": base.predicted["memory_bytes_per_device"],
+            "fits": bool(base.predicted["fits"]), "mfu": base.predicted["mfu"]},
+        "with": None if pp is None else {
+            "mesh": dict(pp.mesh), "step_time_s": pp.predicted["step_time_s"],
+            "memory_bytes_per_device": pp.predicted["memory_bytes_per_device"],
+            "fits": bool(pp.predicted["fits"]), "mfu": pp.predicted["mfu"],
+            "microbatches": pp.solver["pipeline"]["microbatches"]},
+        "why_none": why,
+        "tried": tried,
+    }  # fmt: skip
+    chosen.solver["pipeline_choice"] = side
+    return chosen
 
 
 REMAT_CANDIDATES = ("regather", "dots_saveable+regather", "nothing_saveable+regather")
