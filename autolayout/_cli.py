@@ -329,6 +329,36 @@ def _print_plan(plan, out: str | None) -> None:
         click.echo(f"plan written to {out}")
 
 
+def _pipeline_lines(p) -> list[str]:
+    """What a pipelined plan runs (its schedule, bubble and transfers), and what the search
+    compared: the best plan with stages against the best without."""
+    out = []
+    pipe = p.solver.get("pipeline")
+    if pipe:
+        out.append(
+            f"pipeline: {pipe['stages']} stages ({pipe['dim']} -> stage) x "
+            f"{pipe['microbatches']} microbatches, {pipe['schedule']} schedule, bubble "
+            f"{pipe['bubble']:.1%}; each stage {pipe['stage_mesh'] and mesh_text(pipe['stage_mesh'])}"
+            f" runs a microbatch through its layers in {pipe['stage_microbatch_s']:.4g} s and "
+            f"sends {pipe['transfer_bytes_per_microbatch'] / 2**20:.3g} MiB to the next over the "
+            f"{pipe['link']} ({pipe['transfer_s_per_microbatch']:.3g} s)"
+        )
+    ch = p.solver.get("pipeline_choice")
+    if ch:
+        def side(d):
+            fits = "fits" if d["fits"] else "does not fit"
+            return (f"{mesh_text(d['mesh'])}: {d['step_time_s']:.4g} s, MFU {d['mfu']:.3f}, "
+                    f"{d['memory_bytes_per_device'] / 2**30:.1f} GiB ({fits})")  # fmt: skip
+
+        if ch["with"] and ch["without"]:
+            won = "with" if pipe else "without"
+            out.append(f"with stages {side(ch['with'])}; without {side(ch['without'])}: "
+                       f"chose {won}")  # fmt: skip
+        elif ch["why_none"]:
+            out.append(f"no pipeline: {ch['why_none']}")
+    return out
+
+
 class _Progress:
     """A progress bar (rich, on stderr) over the mesh shapes being seeded and solved."""
 
@@ -388,9 +418,17 @@ def _plan_options(f):
                    "fits), as_written, or a policy: nothing_saveable, dots_saveable, "
                    "dots_with_no_batch_dims_saveable, each with +regather (weights gathered again "
                    "in the backward pass), or regather.")  # fmt: skip
+@click.option("--pipeline", is_flag=True,
+              help="Also try pipeline stages: a scanned layer stack split over a 'stage' axis "
+                   "(the slowest links), the batch cut into microbatches.")  # fmt: skip
+@click.option("--stages", type=int, help="Pipeline stages (implies --pipeline).")
+@click.option("--microbatches", type=int, help="Microbatches a step (with --pipeline).")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe",
+              show_default=True,
+              help="gpipe (what autolayout run runs) or 1f1b (priced as Megatron-LM runs it).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
-             deterministic, remat, out) -> None:  # fmt: skip
+             deterministic, remat, pipeline, stages, microbatches, schedule, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
 
     wl = load_workload(model, **parse_sets(sets))
@@ -399,7 +437,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
         p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
-                 objective=objective, deterministic=deterministic, remat=remat)  # fmt: skip
+                 objective=objective, deterministic=deterministic, remat=remat,
+                 pipeline=pipeline or bool(microbatches), stages=stages,
+                 microbatches=microbatches, schedule=schedule)  # fmt: skip
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(
@@ -422,6 +462,8 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             f"({p.solver.get('bound_kind', 'a lower bound')}): this plan is within "
             f"{p.solver['gap']:.1%} of it"
         )
+    for line in _pipeline_lines(p):
+        click.echo(line)
     rm = p.solver.get("remat")
     if rm and (rm["policy"] != "as_written" or rm["tried"]):
         tried_text = "; ".join(

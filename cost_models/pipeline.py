@@ -142,6 +142,20 @@ def _parts(stage: Plan, stack: Stack, reduce_once: bool) -> dict[str, list[float
     return parts
 
 
+def residual_bytes(stage: Plan, stack: Stack) -> int:
+    """Bytes per device one microbatch leaves for the backward pass in one stage: what the
+    forward scans over the stack return per layer with a batch dim, as the stage lays it out."""
+    g = stage.graph
+    total = 0
+    for op in g.ops:
+        if op.name in stack.loops and not op.param("reverse", False):
+            nk = op.param("num_carry", 0)
+            for t in op.outputs[nk:]:
+                if stack.batch in g.tensors[t].dims:
+                    total += local_bytes(g.tensors[t], stage.layouts[t], stage.mesh)
+    return total
+
+
 def carry_bytes(stage: Plan, stack: Stack) -> int:
     """Bytes per device one stage sends the next per microbatch: the carries of the stack's
     scans (the residual stream forward, its cotangent backward), as the stage lays them out."""
@@ -204,7 +218,10 @@ def price_pipeline(
     s = stage.predicted
     by = dict(s["memory_by_category"])
     act = by.get("activations", 0)
-    by["activations"] = act * in_flight
+    if schedule == "1f1b":  # the saved residuals of each microbatch in flight, one's working set
+        by["activations"] = act + (in_flight - 1) * residual_bytes(stage, stack)
+    else:  # every microbatch's, and the edge's on the whole batch: the whole peak M times
+        by["activations"] = act * in_flight
     for k in data_args:  # the whole batch is an input of the step
         if k in by:
             by[k] = by[k] * M
