@@ -125,6 +125,14 @@ def role_names(
     for t in sorted(ints):
         if len(b.shapes[t]) == 2:
             add(r(t, 1), "seq")
+    for op in b.ops:  # a scan over stacked weights: their leading axis is the layer stack
+        if op.primitive == "scan" and not op.scope:
+            n = op.param("length", 0)
+            for name in op.inputs:
+                t = int(name[1:])
+                shape = b.shapes[t]
+                if b.roles[t] == "input" and t not in data and shape and shape[0] == n > 1:
+                    add(r(t, 0), "layers")
     data_fams = {fam(r(t, a)) for t in data for a in range(len(b.shapes[t])) if r(t, a) >= 0}
     weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
     carried: dict[int, int] = {}  # root -> how many weights carry it

@@ -1,6 +1,8 @@
 """A Vision Transformer built from Equinox's ``nn`` layers (``Conv2d`` patches,
 ``MultiheadAttention``, ``LayerNorm``, ``Linear``), vmapped over the batch as Equinox models
-are, no dim named: ViT-L/16 at ``size=vit-l16``.
+are, no dim named: ViT-L/16 at ``size=vit-l16``. ``scan=true`` stacks the blocks and runs them
+with ``jax.lax.scan``, Equinox's own idiom (``eqx.filter_vmap`` over the keys to build them,
+``eqx.partition`` / ``eqx.combine`` in the scanned function).
 
 autolayout plan experiments/models/libraries/eqx_vit.py --set size=vit-l16 --hw tpu-v4-256
 """
@@ -52,13 +54,16 @@ class ViT(eqx.Module):
     ln: eqx.nn.LayerNorm
     head: eqx.nn.Linear
 
-    def __init__(self, c, key):
+    def __init__(self, c, key, scan=False):
         d, n = c["d_model"], (c["image"] // c["patch"]) ** 2
         keys = jax.random.split(key, c["layers"] + 4)
         self.patches = eqx.nn.Conv2d(3, d, c["patch"], stride=c["patch"], key=keys[0])
         self.cls = 0.02 * jax.random.normal(keys[1], (1, d))
         self.pos = 0.02 * jax.random.normal(keys[2], (n + 1, d))
-        self.blocks = [Block(d, c["heads"], c["d_mlp"], k) for k in keys[4:]]
+        if scan:  # one Block whose arrays have a leading layer axis
+            self.blocks = eqx.filter_vmap(lambda k: Block(d, c["heads"], c["d_mlp"], k))(keys[4:])
+        else:
+            self.blocks = [Block(d, c["heads"], c["d_mlp"], k) for k in keys[4:]]
         self.ln = eqx.nn.LayerNorm(d)
         self.head = eqx.nn.Linear(d, c["classes"], key=keys[3])
 
@@ -66,19 +71,27 @@ class ViT(eqx.Module):
         x = self.patches(image)
         x = x.reshape(x.shape[0], -1).T
         x = jnp.concatenate([self.cls, x]) + self.pos
-        for blk in self.blocks:
-            x = blk(x)
+        if isinstance(self.blocks, list):
+            for blk in self.blocks:
+                x = blk(x)
+        else:
+            arrays, static = eqx.partition(self.blocks, eqx.is_array)
+
+            def layer(x, a):
+                return eqx.combine(a, static)(x), None
+
+            x, _ = jax.lax.scan(layer, x, arrays)
         return self.head(self.ln(x[0]))
 
 
-def workload(size: str = "tiny", dtype: str = "", **overrides):
+def workload(size: str = "tiny", dtype: str = "", scan: bool = False, **overrides):
     c, dt = config(SIZES, size, overrides, dtype)
     B, H = c["batch"], c["image"]
-    abstract = eqx.filter_eval_shape(ViT, c, jax.random.key(0))
+    abstract = eqx.filter_eval_shape(ViT, c, jax.random.key(0), scan)
     static = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct), inverse=True)
 
     def init(key):
-        return cast(eqx.filter(ViT(c, key), eqx.is_array), dt)
+        return cast(eqx.filter(ViT(c, key, scan), eqx.is_array), dt)
 
     def loss_fn(params, batch):
         model = eqx.combine(params, static)
@@ -97,4 +110,4 @@ def workload(size: str = "tiny", dtype: str = "", **overrides):
         "labels": jax.ShapeDtypeStruct((B,), jnp.int32),
     }
     return al.train_workload(loss_fn, optax.adamw(1e-4), init, data, make_batch,
-                             name=f"eqx-vit-{size}", options=dict(size=size, **overrides))  # fmt: skip
+                             name=f"eqx-vit-{size}", options=dict(size=size, scan=scan, **overrides))  # fmt: skip
