@@ -478,7 +478,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
         click.echo(f"note: {note}")
     tried = p.solver["mesh_shapes_tried"]
-    count = {k: sum(r["status"] in ks for r in tried) for k, ks in (
+    count = {k: sum(r.get("status") in ks for r in tried) for k, ks in (
         ("solved by the ILP", ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE")),
         ("ruled out by a lower bound", ("PRUNED",)),
         ("priced by hand layouts only", ("SEEDED",)),
