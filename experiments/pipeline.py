@@ -6,7 +6,8 @@ and a published pipelined run priced in its own layout.
 
 Rows ``planned``: the example GPT at GPT-3 175B (scanned layers, full remat, batch 1536 x 2048)
 on ``h100-512`` (64 nodes of 8, 400 Gb/s per GPU between nodes) and on two TPU v5p slices joined
-by the data-centre network (``2xtpu-v5p-256``), planned by ``al.plan(pipeline=True)`` with each
+by the data-centre network (``2xtpu-v5p-256``), and at Megatron-LM's 145.6B shapes on its 1536
+A100s (200 Gb/s per GPU between nodes), planned by ``al.plan(pipeline=True)`` with each
 schedule: ``gpipe`` (what ``al.apply`` runs) and ``1f1b`` (priced as Megatron-LM runs it). Each
 row holds the best plan with stages and the best without, and which the planner chose.
 
@@ -37,10 +38,17 @@ OUT = HERE / "results"
 GPT = HERE / "models" / "gpt.py"
 
 
+def megatron_145b() -> al.Workload:
+    L, h, heads, V, s, B = 80, 12288, 96, 51200, 2048, 2304
+    return al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full", layers=L, d_model=h,
+                            heads=heads, head_dim=h // heads, d_ff=4 * h, vocab=V, seq=s, batch=B)  # fmt: skip
+
+
 def planned(limit: float) -> list[dict]:
-    wl = al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full")
+    gpt3 = al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full")
     rows = []
-    for hw in ("h100-512", "2xtpu-v5p-256"):
+    for model, wl, hw in (("gpt3-175b", gpt3, "h100-512"), ("gpt3-175b", gpt3, "2xtpu-v5p-256"),
+                          ("megatron-145.6b", megatron_145b(), "a100-80gb-1536")):  # fmt: skip
         for schedule in ("gpipe", "1f1b"):
             t0 = time.perf_counter()
             p = al.plan(wl, hw, pipeline=True, schedule=schedule, time_limit_s=limit)
@@ -48,7 +56,7 @@ def planned(limit: float) -> list[dict]:
             w, wo = ch["with"] or {}, ch["without"] or {}
             pipe = p.solver.get("pipeline") or {}
             rows.append({
-                "row": "planned", "model": "gpt3-175b", "hardware": hw, "schedule": schedule,
+                "row": "planned", "model": model, "hardware": hw, "schedule": schedule,
                 "chosen": "with stages" if pipe else "without",
                 "with_mesh": al.core.mesh_text(w["mesh"]) if w else "",
                 "with_microbatches": w.get("microbatches"),
@@ -67,12 +75,11 @@ def planned(limit: float) -> list[dict]:
 
 
 def published() -> dict:
-    L, h, heads, V, s, B, chips, tflops = 80, 12288, 96, 51200, 2048, 2304, 1536, 148e12
+    L, h, V, s, B, chips, tflops = 80, 12288, 51200, 2048, 2304, 1536, 148e12
     P, T = 8, 8
     D = chips // (P * T)
     M = B // D  # one sequence per replica per microbatch (assumed)
-    wl = al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full", layers=L, d_model=h,
-                          heads=heads, head_dim=h // heads, d_ff=4 * h, vocab=V, seq=s, batch=B)  # fmt: skip
+    wl = megatron_145b()
     hw = al.hardware(f"a100-80gb-{chips}")
     g = al.trace(wl)
     st = find_stack(g)

@@ -31,6 +31,23 @@ from .baselines import standard_layouts
 
 FULL = 3  # candidates searched in full after the hand-layout pass
 MICROBATCHES = (1, 2, 4, 8)  # microbatches per stage tried: M = P x these
+FIRST = 3  # stage counts whose microbatch counts are all priced, after one each
+
+
+def stage_counts(g: Graph, stack: Stack, hw: Hardware, stages: int | None = None) -> list[int]:
+    """Stage counts dividing the layers and the slowest level of ``hw``."""
+    ps = [stages] if stages else range(2, stack.length + 1)
+    return [p for p in ps if stack.length % p == 0 and stage_hardware(hw, p) is not None]
+
+
+def microbatch_counts(g: Graph, stack: Stack, hw: Hardware, p: int) -> list[int]:
+    """Microbatch counts for ``p`` stages: multiples of ``p`` (the bubble at most half the step)
+    and one sequence per replica of a stage whose devices are data-parallel over all but a
+    tensor axis of 1 to 8 (Megatron-LM's microbatch of one)."""
+    B, n = g.dims[stack.batch], hw.num_devices // p
+    ms = {p * k for k in MICROBATCHES}
+    ms |= {B // (n // t) for t in (1, 2, 4, 8) if n % t == 0 and B % (n // t) == 0}
+    return sorted(m for m in ms if p <= m <= B and B % m == 0)
 
 
 def candidates(
@@ -38,14 +55,11 @@ def candidates(
     microbatches: int | None = None,
 ) -> list[tuple[int, int]]:  # fmt: skip
     """``(P, M)`` pairs: ``P`` dividing the layers and the slowest level of ``hw``, ``M``
-    dividing the batch (``M >= P``, so the bubble is at most half the step)."""
-    L, B = stack.length, g.dims[stack.batch]
-    ps = [stages] if stages else [p for p in range(2, L + 1) if L % p == 0]
+    dividing the batch, at least ``P``."""
+    B = g.dims[stack.batch]
     out = []
-    for p in ps:
-        if L % p or stage_hardware(hw, p) is None:
-            continue
-        ms = [microbatches] if microbatches else [p * k for k in MICROBATCHES]
+    for p in stage_counts(g, stack, hw, stages):
+        ms = [microbatches] if microbatches else microbatch_counts(g, stack, hw, p)
         out += [(p, m) for m in ms if m >= 1 and B % m == 0]
     return out
 
@@ -96,10 +110,11 @@ def plan_pipelined(
         )
     limit = memory_limit if memory_limit is not None else hw.hbm_limit_bytes
     tried, priced = [], []
-    for P, M in cands:
+
+    def hand(P: int, M: int) -> None:
         if time.perf_counter() - t0 > time_limit_s / 2 and priced:
             tried.append({"stages": P, "microbatches": M, "status": "SKIPPED"})
-            continue
+            return
         sub = stage_hardware(hw, P)
         try:
             swl = stage_workload(workload, g, stack, P, M)
@@ -107,17 +122,29 @@ def plan_pipelined(
         except Exception as e:  # a model that does not trace at a stage's shapes
             tried.append({"stages": P, "microbatches": M, "status": "ERROR",
                           "error": f"{type(e).__name__}: {e}"[:200]})  # fmt: skip
-            continue
-        hand = _hand_best(swl, sg, sub)
-        if hand is None:
-            continue
-        pp = pipelined_plan(workload, g, hw, hand, stack, P, M, schedule, memory_limit=limit)
+            return
+        best = _hand_best(swl, sg, sub)
+        if best is None:
+            return
+        pp = pipelined_plan(workload, g, hw, best, stack, P, M, schedule, memory_limit=limit)
         s = pp.predicted
         tried.append({"stages": P, "microbatches": M, "status": "HAND",
-                      "stage_mesh": dict(hand.mesh), "step_time_s": s["step_time_s"],
+                      "stage_mesh": dict(best.mesh), "step_time_s": s["step_time_s"],
                       "memory_bytes_per_device": s["memory_bytes_per_device"],
                       "fits": bool(s["fits"]), "bubble": s["pipeline"]["bubble"]})  # fmt: skip
-        priced.append((not s["fits"], s["step_time_s"], P, M, swl, sg, sub, hand, pp))
+        priced.append((not s["fits"], s["step_time_s"], P, M, swl, sg, sub, best, pp))
+
+    # one microbatch count per stage count first (the middle one), then all of the best few
+    by_p: dict[int, list[int]] = {}
+    for P, M in cands:
+        by_p.setdefault(P, []).append(M)
+    for P, ms in by_p.items():
+        hand(P, ms[len(ms) // 2])
+    ranked = sorted(priced, key=lambda r: r[:2])
+    for P in dict.fromkeys(r[2] for r in ranked[:FIRST]):
+        for M in by_p[P]:
+            if M != by_p[P][len(by_p[P]) // 2]:
+                hand(P, M)
     if not priced:
         return None, tried, "no candidate stage layout could be priced"
     priced.sort(key=lambda r: r[:2])
