@@ -64,6 +64,11 @@ def candidates(
     return out
 
 
+def _key(s: dict) -> tuple[bool, float]:
+    """A prediction's rank: what fits first, fastest; else the least memory."""
+    return (not s["fits"], s["step_time_s"] if s["fits"] else s["memory_bytes_per_device"])
+
+
 def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
     """The fastest fitting standard layout of one stage's step (else the least memory)."""
     best, key = None, None
@@ -73,7 +78,7 @@ def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
         except AutolayoutError:
             continue
         s = p.predicted
-        k = (not s["fits"], s["step_time_s"] if s["fits"] else s["memory_bytes_per_device"])
+        k = _key(s)
         if key is None or k < key:
             best, key = p, k
     return best
@@ -132,7 +137,7 @@ def plan_pipelined(
                       "stage_mesh": dict(best.mesh), "step_time_s": s["step_time_s"],
                       "memory_bytes_per_device": s["memory_bytes_per_device"],
                       "fits": bool(s["fits"]), "bubble": s["pipeline"]["bubble"]})  # fmt: skip
-        priced.append((not s["fits"], s["step_time_s"], P, M, swl, sg, sub, best, pp))
+        priced.append((*_key(s), P, M, swl, sg, sub, best, pp))
 
     # one microbatch count per stage count first (the middle one), then all of the best few
     by_p: dict[int, list[int]] = {}
@@ -174,7 +179,7 @@ def plan_pipelined(
                       "memory_bytes_per_device": f["memory_bytes_per_device"],
                       "fits": bool(f["fits"]), "bubble": f["pipeline"]["bubble"]})  # fmt: skip
         b = best.predicted
-        if (not f["fits"], f["step_time_s"]) < (not b["fits"], b["step_time_s"]):
+        if _key(f) < _key(b):
             best = full
     best.solver["pipeline"]["tried"] = tried
     best.solver["wall_s"] = time.perf_counter() - t0
