@@ -108,23 +108,24 @@ def figure(df: pd.DataFrame) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     labels, a, b = [], [], []
     for r in df.itertuples():
         if r.row == "planned":
-            labels.append(f"{r.hardware}\n{r.schedule}")
+            fit = "" if str(r.with_fits) == "True" else "\n(staged: no fit)"
+            labels.append(f"{r.model}\n{r.hardware}\n{r.schedule}{fit}")
             a.append(r.with_mfu or 0)
             b.append(r.without_mfu or 0)
         else:
-            labels.append(f"{r.model}\n{r.hardware}")
+            labels.append(f"{r.model}\n{r.hardware}\npublished layout")
             a.append(r.with_mfu)
             b.append(r.published_mfu)
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], a, 0.4, label="with stages (predicted)")
     ax.bar([i + 0.2 for i in x], b, 0.4, label="without stages (predicted) / published")
-    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_xticks(list(x), labels, fontsize=7)
     ax.set_ylabel("MFU")
-    ax.set_title("GPT-3 175B with and without pipeline stages; Megatron-LM 145.6B as published")
+    ax.set_title("Planned with and without pipeline stages; Megatron-LM 145.6B priced as published")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(OUT / "pipeline.png", dpi=120)

@@ -34,7 +34,7 @@ from autolayout.core import (
     remat_for_plan,
     trace_with_jaxpr,
 )
-from autolayout.cost_models import output_layouts
+from autolayout.cost_models import RUNNABLE, output_layouts
 
 from .pipeline import INLINE, closed_parts, pipelined_scan, stage_scans
 
@@ -245,8 +245,15 @@ def apply(
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer, graph)
-    if plan.solver.get("pipeline"):
-        interp.stage_eqns = stage_scans(wl_fn, graph, plan.solver["pipeline"])
+    pipe = plan.solver.get("pipeline")
+    if pipe:
+        if pipe["schedule"] not in RUNNABLE:
+            raise PlanError(
+                f"the plan's pipeline schedule is {pipe['schedule']} (priced as Megatron-LM runs "
+                f"it), which al.apply does not run: it runs {', '.join(RUNNABLE)}; plan with "
+                f"--schedule gpipe to run it here"
+            )
+        interp.stage_eqns = stage_scans(wl_fn, graph, pipe)
     in_shardings = jax.tree_util.tree_unflatten(
         treedef, [interp.sharding(i["layout"]) for i in plan.inputs]
     )

@@ -74,6 +74,10 @@ def test_bubble_transfers_and_memory_by_schedule(gpt):
             assert f1b["pipeline"]["activations_in_flight"] == 2
     # more microbatches: a smaller bubble, more activations kept by GPipe
     assert steps[8]["memory_bytes_per_device"] > steps[2]["memory_bytes_per_device"]
+    # a schedule the runtime does not run is refused in one line, not run as another
+    p = pipelined_plan(wl, g, hw, sp, st, 2, 8, "1f1b")
+    with pytest.raises(al.PlanError, match="does not run"):
+        al.apply(p, wl.fn)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +114,7 @@ def test_a_scanned_equinox_model_pipelines():
     assert cp.predicted == cp.compiled and cp.predicted_count == cp.compiled_count
 
 
-def test_search_compares_with_and_without_stages_and_the_cli_runs_it(gpt, tmp_path):
+def test_search_compares_with_and_without_stages_and_the_cli_says_so(gpt, tmp_path):
     wl = gpt[0]
     p = al.plan(wl, "cpu-8", pipeline=True, time_limit_s=6)
     ch = p.solver["pipeline_choice"]
@@ -126,7 +130,4 @@ def test_search_compares_with_and_without_stages_and_the_cli_runs_it(gpt, tmp_pa
     assert r.exit_code == 0, r.output
     assert "pipeline: 2 stages (layers -> stage) x 4 microbatches, gpipe schedule" in r.output
     assert json.loads(out.read_text())["solver"]["pipeline"]["stages"] == 2
-    r = CliRunner().invoke(main, ["run", str(MODELS / "gpt.py"), "--plan", str(out),
-                                  "--steps", "2"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    assert "loss" in r.output
+    # (the README runs and validates such a plan file through the CLI: tests/test_readme.py)
