@@ -288,11 +288,15 @@ def pipelined_plan(
     rules = [(stack.dim, ("stage",))] + [(d, a) for d, a in stage.rules() if d != stack.dim]
     whole = evaluate(workload, hw, mesh=mesh, rules=rules, graph=g)
     mapped = stage_layouts_on(g, stage, stack)
+    reads: dict = {}
     if mapped is not None:  # the stage's layout exactly, exceptions to its rules too
         whole = dataclasses.replace(
             whole, layouts=mapped, outputs=output_layouts(workload, g, mapped),
             inputs=[dict(i, layout=mapped[t]) for i, t in zip(whole.inputs, g.inputs, strict=True)],
         )  # fmt: skip
+        # and where an op reads a tensor in another layout, that layout (FSDP's gathers)
+        reads = {op: {t: _staged(g, t, lay, stack) for t, lay in r.items()}
+                 for op, r in stage.reads.items()}  # fmt: skip
     names = workload.argnames
     data = tuple(names[i] for i in range(len(names)) if i not in workload.donate_argnums)
     pred = price_pipeline(
@@ -318,7 +322,7 @@ def pipelined_plan(
     solver["status"] = status
     return dataclasses.replace(
         whole, status=status, predicted=pred, ops=list(stage.ops),
-        collectives_=colls, solver=solver, reads={},
+        collectives_=colls, solver=solver, reads=reads,
     )  # fmt: skip
 
 
@@ -334,12 +338,18 @@ def stage_layouts_on(g: Graph, stage: Plan, stack: Stack) -> dict | None:
         st = sg.tensors.get(t)
         if st is None or len(st.dims) != len(tt.dims):
             return None
-        lay = stage.layouts[t]
-        if stack.dim in tt.dims:
-            i = tt.dims.index(stack.dim)
-            lay = tuple(("stage", *a) if k == i else a for k, a in enumerate(lay))
-        out[t] = lay
+        out[t] = _staged(g, t, stage.layouts[t], stack)
     return out
+
+
+def _staged(g: Graph, t: str, lay, stack: Stack):
+    """A stage's layout of tensor ``t`` on the whole step: the stack's dim split over
+    ``stage`` too."""
+    dims = g.tensors[t].dims
+    if stack.dim not in dims:
+        return lay
+    i = dims.index(stack.dim)
+    return tuple(("stage", *a) if k == i else tuple(a) for k, a in enumerate(lay))
 
 
 def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> list[dict]:
