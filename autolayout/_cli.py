@@ -345,6 +345,7 @@ def _pipeline_lines(p) -> list[str]:
         )
     ch = p.solver.get("pipeline_choice")
     if ch:
+
         def side(d):
             fits = "fits" if d["fits"] else "does not fit"
             return (f"{mesh_text(d['mesh'])}: {d['step_time_s']:.4g} s, MFU {d['mfu']:.3f}, "

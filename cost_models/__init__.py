@@ -15,6 +15,12 @@ from .compute import peak_flops as peak_flops
 from .memory import aliased_outputs as aliased_outputs
 from .memory import lifetimes as lifetimes
 from .memory import liveness_peak as liveness_peak
+from .pipeline import RUNNABLE as RUNNABLE
+from .pipeline import SCHEDULES as SCHEDULES
+from .pipeline import flops_as_compiled as flops_as_compiled
+from .pipeline import pipelined_plan as pipelined_plan
+from .pipeline import price_pipeline as price_pipeline
+from .pipeline import stage_hardware as stage_hardware
 from .plans import donated_inputs as donated_inputs
 from .plans import evaluate as evaluate
 from .plans import output_layouts as output_layouts
@@ -46,9 +52,3 @@ from .sharding import op_template as op_template
 from .sharding import op_tensors as op_tensors
 from .sharding import reshard as reshard
 from .sharding import state_dims as state_dims
-from .pipeline import RUNNABLE as RUNNABLE
-from .pipeline import SCHEDULES as SCHEDULES
-from .pipeline import pipelined_plan as pipelined_plan
-from .pipeline import price_pipeline as price_pipeline
-from .pipeline import stage_hardware as stage_hardware
-from .pipeline import flops_as_compiled as flops_as_compiled

@@ -265,7 +265,6 @@ def price_pipeline(
     }
 
 
-
 def pipelined_plan(
     workload: Workload,
     g: Graph,
@@ -396,8 +395,10 @@ def whole_batch_ops(stage: Plan, stack: Stack) -> list[str]:
     out = []
     for name, p in where.items():
         op = by_name.get(name)
-        if p == "edge" and op is not None and any(
-            stack.batch in g.tensors[t].dims for t in (*op.outputs, *op.inputs)
+        if (
+            p == "edge"
+            and op is not None
+            and any(stack.batch in g.tensors[t].dims for t in (*op.outputs, *op.inputs))
         ):
             out.append(name)
     return out

@@ -39,7 +39,6 @@ from autolayout.cost_models import RUNNABLE, output_layouts
 from .pipeline import INLINE, closed_parts, pipelined_scan, stage_scans
 
 
-
 def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:
     """A ``Mesh`` of the plan's shape over ``devices`` (default: all of ``jax.devices()``)."""
     devices = list(jax.devices() if devices is None else devices)
@@ -132,8 +131,9 @@ class _Interpreter:
             names = self.visits[key]
             op = next((self.producer[n] for n in names[1] if n in self.producer), None)
             if op in pipe["loops"]:
-                outs = pipelined_scan(eqn, ins, names, self.graph, self.mesh, pipe,
-                                      self.stage_eqns[op])
+                outs = pipelined_scan(
+                    eqn, ins, names, self.graph, self.mesh, pipe, self.stage_eqns[op]
+                )
                 layouts = self.plan.layouts
                 return [self.pin(x, layouts.get(n)) if n is not None else x
                         for x, n in zip(outs, names[1], strict=False)]  # fmt: skip

@@ -16,6 +16,7 @@ masked.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -189,7 +190,9 @@ def pipelined_scan(
                 else:  # the same for every microbatch
                     ys_out.append(jnp.where(valid, y, buf))
             last = valid & (pos == P - 1)
-            outbuf = [jnp.where(last, ob.at[mc].set(v), ob) for ob, v in zip(outbuf, new, strict=True)]
+            outbuf = [
+                jnp.where(last, ob.at[mc].set(v), ob) for ob, v in zip(outbuf, new, strict=True)
+            ]
             perm = [(i + 1, i) if rev else (i, i + 1) for i in range(P - 1)]
             state = [jax.lax.ppermute(v, "stage", perm) for v in new]
             return (state, outbuf, ys_out), None
@@ -215,9 +218,9 @@ def pipelined_scan(
     for ob, a in zip(outbuf, ka, strict=True):
         carry.append(join(ob, a))
     ys = []
-    for y, av, a in zip(ybuf, y_avals, ya, strict=True):
+    for y, a in zip(ybuf, ya, strict=True):
         if a is not None:  # [P, k, M, mb, rest] -> [L, ..., B at a, ...]
-            y = jax.vmap(lambda v: join(v, a))(y.reshape(L, *y.shape[2:]))
+            y = jax.vmap(functools.partial(join, a=a))(y.reshape(L, *y.shape[2:]))
         else:
             y = y.reshape(L, *y.shape[2:])
         ys.append(y)

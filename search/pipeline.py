@@ -109,9 +109,13 @@ def plan_pipelined(
         raise ValueError(f"schedule must be one of {', '.join(RUNNABLE)} or 1f1b")
     cands = candidates(g, stack, hw, stages, microbatches)
     if not cands:
-        return None, [], (
-            f"no stage count divides both the {stack.length} {stack.dim} and the slowest level "
-            f"of {hw.name}, with a batch of {g.dims[stack.batch]} cut into microbatches"
+        return (
+            None,
+            [],
+            (
+                f"no stage count divides both the {stack.length} {stack.dim} and the slowest level "
+                f"of {hw.name}, with a batch of {g.dims[stack.batch]} cut into microbatches"
+            ),
         )
     limit = memory_limit if memory_limit is not None else hw.hbm_limit_bytes
     tried, priced = [], []

@@ -60,8 +60,9 @@ def _stage(gpt, stages, micro, mesh, rules):
 def test_bubble_transfers_and_memory_by_schedule(gpt):
     steps = {}
     for m in (2, 4, 8):
-        wl, g, st, hw, sp = _stage(gpt, 2, m, {"data": 2, "model": 2},
-                                   {"batch": "data", "heads": "model", "d_ff": "model"})
+        wl, g, st, hw, sp = _stage(
+            gpt, 2, m, {"data": 2, "model": 2}, {"batch": "data", "heads": "model", "d_ff": "model"}
+        )
         pr = price_pipeline(sp, st, hw, 2, m, "gpipe", model_flops=1.0)
         pipe = pr["pipeline"]
         assert pipe["bubble"] == pytest.approx(1 / (m + 1))

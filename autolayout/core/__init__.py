@@ -57,6 +57,10 @@ from ._report import op_layers as op_layers
 from ._report import rule_lines as rule_lines
 from ._report import summary_rows as summary_rows
 from ._report import top_ops as top_ops
+from ._stages import Stack as Stack
+from ._stages import find_stack as find_stack
+from ._stages import scan_parts as scan_parts
+from ._stages import stage_workload as stage_workload
 from ._trace import gc_paused as gc_paused
 from ._trace import trace as trace
 from ._trace import trace_with_jaxpr as trace_with_jaxpr
@@ -67,7 +71,3 @@ from ._workload import load_workload as load_workload
 from ._workload import name_dims as name_dims
 from ._workload import path_str as path_str
 from ._workload import spec as spec
-from ._stages import Stack as Stack
-from ._stages import find_stack as find_stack
-from ._stages import stage_workload as stage_workload
-from ._stages import scan_parts as scan_parts

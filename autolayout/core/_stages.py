@@ -77,7 +77,9 @@ def find_stack(g: Graph) -> Stack | str:
     return Stack(dim, g.dims[dim], tuple(op.name for op in ops), batch)
 
 
-def stage_workload(wl: Workload, g: Graph, stack: Stack, stages: int, microbatches: int) -> Workload:
+def stage_workload(
+    wl: Workload, g: Graph, stack: Stack, stages: int, microbatches: int
+) -> Workload:
     """The step one stage runs on one microbatch: ``wl`` with the stack's layers divided by
     ``stages`` and the batch by ``microbatches`` (every argument dim of those names)."""
     length, batch = g.dims[stack.dim], g.dims[stack.batch]
