@@ -806,6 +806,8 @@ def boundaries(g: Graph, aliased: dict[str, str] | None = None) -> list[Boundary
             continue
         body_trips = op.trip_count * (op.param("length", 1) if p == "scan" else 1)
         for o, b in op.param("body_inputs", ()):
+            if b not in g.tensors:  # a scanned input its body never reads (dead code gone)
+                continue
             shift = len(g.tensors[b].shape) - len(g.tensors[o].shape)
             out.append(Boundary(o, b, shift, op.trip_count, op.name, "enter"))
         for bo, bi in op.param("carries", ()):

@@ -28,6 +28,7 @@ from autolayout.core import (
     Plan,
     PlanError,
     Workload,
+    closed_parts,
     mesh_text,
     partition_spec,
     path_str,
@@ -36,7 +37,7 @@ from autolayout.core import (
 )
 from autolayout.cost_models import RUNNABLE, output_layouts
 
-from .pipeline import INLINE, closed_parts, pipelined_scan, stage_scans
+from .pipeline import INLINE, pipelined_scan, stage_scans
 
 
 def make_mesh(plan: Plan, devices: Sequence[Any] | None = None) -> Mesh:

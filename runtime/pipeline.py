@@ -28,6 +28,7 @@ from autolayout.core import (
     Graph,
     PlanError,
     Stack,
+    closed_parts,
     Workload,
     stage_workload,
     trace_with_jaxpr,
@@ -43,13 +44,6 @@ INLINE = {
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
-
-
-def closed_parts(j: Any) -> tuple[Any, list[Any]]:
-    """A jaxpr and its consts, from a closed jaxpr or an open one."""
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
-        return j.jaxpr, list(j.consts)
-    return j, []
 
 
 def _batch_fed(body: Any, fed: list[bool]) -> list[bool]:

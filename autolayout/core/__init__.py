@@ -61,6 +61,7 @@ from ._stages import Stack as Stack
 from ._stages import find_stack as find_stack
 from ._stages import scan_parts as scan_parts
 from ._stages import stage_workload as stage_workload
+from ._trace import closed_parts as closed_parts
 from ._trace import gc_paused as gc_paused
 from ._trace import trace as trace
 from ._trace import trace_with_jaxpr as trace_with_jaxpr

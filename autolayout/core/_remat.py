@@ -20,8 +20,10 @@ Policies, named as ``jax.checkpoint_policies`` names them:
 
 A recomputation walks back at most ``MAX_DEPTH`` equations; the value it stops at is saved
 (the residual stream of an unrolled model is then kept every few layers, not recomputed
-from the first). Loops are kept whole: a scanned layer stack recomputes what its own
-``jax.checkpoint`` says."""
+from the first). A scanned layer stack is rewritten as a pair (:func:`remat_scans`): its
+forward scan returns each layer's input, and its backward scan recomputes the layer's
+residuals the policy does not save first, as ``jax.checkpoint`` around the scanned body
+does; other loops are kept whole."""
 
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ import functools
 from typing import Any
 
 import jax
-from jax._src import core
+from jax._src import core, source_info_util
 from jax._src.ad_checkpoint import remat_p
 from jax._src.lax.control_flow import optimization_barrier_p
 
 from ._errors import WorkloadError
+from ._trace import closed_parts
 from ._workload import Workload
 
 _DEBUG = core.DebugInfo("autolayout.remat", "the recomputation of forward values", None, None)
@@ -218,6 +221,204 @@ def rewrite(
     return core.ClosedJaxpr(new, closed.consts)
 
 
+def _bind(e: Any, vals: list) -> list:
+    """Equation ``e`` applied to ``vals`` under its source info (its scopes name the report's
+    layers), as ``core.eval_jaxpr`` applies it."""
+    params = e.primitive.get_bind_params(e.params)
+    stack = source_info_util.current_name_stack() + e.source_info.name_stack
+    with source_info_util.user_context(e.source_info.traceback, name_stack=stack), e.ctx.manager:
+        r = e.primitive.bind(*vals, **params)
+    return list(r) if e.primitive.multiple_results else [r]
+
+
+def _scan_pairs(jaxpr: Any, end: int) -> dict[int, tuple[int, dict[int, list[int]]]]:
+    """Backward scan -> (its forward scan, {forward output j: the backward's xs positions
+    that read it}): a reverse scan after the loss that reads per-layer outputs of a forward
+    scan of its length (the transpose of a scanned stack reads its residuals so)."""
+    made = {}
+    for i, e in enumerate(jaxpr.eqns[: end + 1]):
+        if e.primitive.name == "scan" and not e.params["reverse"]:
+            nk = e.params["num_carry"]
+            made.update({v: (i, j) for j, v in enumerate(e.outvars[nk:])})
+    out = {}
+    for gi, e in enumerate(jaxpr.eqns[end + 1 :], end + 1):
+        if e.primitive.name != "scan" or not e.params["reverse"]:
+            continue
+        first = e.params["num_consts"] + e.params["num_carry"]
+        uses: dict[int, dict[int, list[int]]] = {}
+        for pos, v in enumerate(e.invars[first:]):
+            if isinstance(v, core.Var) and v in made:
+                fi, j = made[v]
+                uses.setdefault(fi, {}).setdefault(j, []).append(pos)
+        for fi, ys in uses.items():
+            if jaxpr.eqns[fi].params["length"] == e.params["length"] and gi not in out:
+                out[gi] = (fi, ys)
+    return out
+
+
+def _eval_needed(body: Any, consts: list, ins: list, given: dict, wanted: list) -> list:
+    """The values of ``wanted`` (``body``'s variables), evaluating only the equations they
+    need beyond what ``given`` (variable -> value: the saved residuals) holds."""
+    env = dict(zip(body.constvars, consts, strict=True))
+    env.update(zip(body.invars, ins, strict=True))
+    env.update(given)
+    producer = {v: k for k, e in enumerate(body.eqns) for v in e.outvars}
+    need: set[int] = set()
+    stack = [v for v in wanted if isinstance(v, core.Var)]
+    while stack:
+        v = stack.pop()
+        k = producer.get(v)
+        if v in env or k is None or k in need:
+            continue
+        need.add(k)
+        stack += [u for u in body.eqns[k].invars if isinstance(u, core.Var)]
+    for k in sorted(need):
+        e = body.eqns[k]
+        vals = [u.val if isinstance(u, core.Literal) else env[u] for u in e.invars]
+        env.update(zip(e.outvars, _bind(e, vals), strict=True))
+    return [v.val if isinstance(v, core.Literal) else env[v] for v in wanted]
+
+
+def _inputs_needed(body: Any, given: set, wanted: list) -> set:
+    """The variables of ``body`` (its inputs among them) that computing ``wanted`` reads,
+    not looking past ``given``."""
+    producer = {v: e for e in body.eqns for v in e.outvars}
+    seen: set = set()
+    stack = [v for v in wanted if isinstance(v, core.Var)]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in given or v not in producer:
+            continue
+        stack += [u for u in producer[v].invars if isinstance(u, core.Var)]
+    return seen
+
+
+def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
+    """``closed`` with a scanned stack's residuals that ``policy`` does not save recomputed in
+    its backward scan: the forward scan returns each layer's carry instead, and the backward
+    scan's body first runs what of the forward body it needs, from that carry, the layer's
+    weights and the saved residuals (what ``jax.checkpoint`` around the scanned body does). A
+    residual read elsewhere is kept."""
+    jaxpr = closed.jaxpr
+    end = _loss_index(jaxpr)
+    readers: dict[Any, set[int]] = {}
+    for k, e in enumerate(jaxpr.eqns):
+        for v in e.invars:
+            if isinstance(v, core.Var):
+                readers.setdefault(v, set()).add(k)
+    for v in jaxpr.outvars:
+        if isinstance(v, core.Var):
+            readers.setdefault(v, set()).add(-1)
+    batchless = policy == "dots_with_no_batch_dims_saveable"
+    dropped: dict[int, set[int]] = {}  # forward scan -> its outputs recomputed
+    pairs = {}
+    for gi, (fi, ys) in _scan_pairs(jaxpr, end).items():
+        F = jaxpr.eqns[fi]
+        nk = F.params["num_carry"]
+        body = closed_parts(F.params["jaxpr"])[0]
+        made = {v: e for e in body.eqns for v in e.outvars}
+        again = set()
+        for j in ys:
+            bv = body.outvars[nk + j]
+            keep = policy != "nothing_saveable" and bv in made and _has_matmul(made[bv], batchless)
+            if bv in made and not keep and readers.get(F.outvars[nk + j], set()) <= {gi}:
+                again.add(j)
+        if again and fi not in dropped:
+            dropped[fi] = again
+            pairs[gi] = (fi, {pos: j for j, ps in ys.items() for pos in ps})
+    if not pairs:
+        return closed
+    stash: dict[int, tuple] = {}
+
+    def forward(fi: int, e: Any, vals: list) -> list:
+        p = e.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        body, bconsts = closed_parts(p["jaxpr"])
+        consts, init, xs = vals[:nc], vals[nc : nc + nk], vals[nc + nk :]
+        kept = [j for j in range(len(e.outvars) - nk) if j not in dropped[fi]]
+
+        def step(carry, x):
+            out = core.eval_jaxpr(body, bconsts, *consts, *carry, *x)
+            return out[:nk], (list(carry), [out[nk + j] for j in kept])
+
+        carry, (cins, ys) = jax.lax.scan(step, list(init), list(xs), length=p["length"],
+                                         unroll=p["unroll"])  # fmt: skip
+        stash[fi] = (consts, cins, xs)
+        full: list = [None] * (len(e.outvars) - nk)
+        for j, y in zip(kept, ys, strict=True):
+            full[j] = y
+        return [*carry, *full]
+
+    def backward(gi: int, e: Any, vals: list) -> list:
+        fi, pos_j = pairs[gi]
+        F = jaxpr.eqns[fi]
+        fbody, fconsts_ = closed_parts(F.params["jaxpr"])
+        fnc, fnk = F.params["num_consts"], F.params["num_carry"]
+        p = e.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        body, bconsts = closed_parts(p["jaxpr"])
+        consts, init, xs = vals[:nc], vals[nc : nc + nk], vals[nc + nk :]
+        fconsts, cins, fxs = stash[fi]
+        again = [pos for pos in range(len(xs)) if pos_j.get(pos) in dropped[fi]]
+        given = [pos for pos in range(len(xs)) if pos not in again]
+        saved_vars = {fbody.outvars[fnk + pos_j[q]]: q for q in given if q in pos_j}
+        wanted = [fbody.outvars[fnk + pos_j[q]] for q in again]
+        # the forward body's inputs the recomputation reads: only those are carried in
+        used = _inputs_needed(fbody, set(saved_vars), wanted)
+        ci = [k for k in range(fnk) if fbody.invars[fnc + k] in used]
+        xi = [k for k in range(len(fxs)) if fbody.invars[fnc + fnk + k] in used]
+
+        def step(carry, x):
+            xk, cin, fx = x
+            at = dict(zip(given, xk, strict=True))
+            ins = [*fconsts, *([None] * fnk), *([None] * len(fxs))]
+            for k, c in zip(ci, cin, strict=True):
+                ins[fnc + k] = c
+            for k, c in zip(xi, fx, strict=True):
+                ins[fnc + fnk + k] = c
+            keys = [v for v in saved_vars if isinstance(v, core.Var)]
+
+            def recompute(ins, vals):  # a remat region: the plan counts it as recomputation
+                return _eval_needed(fbody, fconsts_, ins, dict(zip(keys, vals)), wanted)
+
+            redo = jax.checkpoint(recompute, prevent_cse=True)(
+                ins, [at[saved_vars[v]] for v in keys]
+            )
+            at.update(zip(again, redo, strict=True))
+            out = core.eval_jaxpr(body, bconsts, *consts, *carry, *[at[k] for k in range(len(xs))])
+            return out[:nk], out[nk:]
+
+        stacks = ([xs[k] for k in given], [cins[k] for k in ci], [fxs[k] for k in xi])
+        carry, ys = jax.lax.scan(step, list(init), stacks, length=p["length"], reverse=True,
+                                 unroll=p["unroll"])  # fmt: skip
+        return [*carry, *ys]
+
+    def step(*args):
+        env = dict(zip(jaxpr.constvars, closed.consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, core.Literal) else env[v]
+
+        for k, e in enumerate(jaxpr.eqns):
+            vals = [read(v) for v in e.invars]
+            if k in dropped:
+                outs = forward(k, e, vals)
+            elif k in pairs:
+                outs = backward(k, e, vals)
+            else:
+                outs = _bind(e, vals)
+            for v, x in zip(e.outvars, outs, strict=True):
+                if not isinstance(v, core.DropVar):
+                    env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    return jax.make_jaxpr(step)(*closed.in_avals)
+
+
 def _regather(weights: list, subst: dict, out: list, source_info: Any) -> None:
     """Each weight read again behind an optimization barrier of its own, which XLA does not
     merge across: the partitioner gathers its output afresh (the barrier keeps the stored
@@ -266,6 +467,8 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
             for k in range(starts[i], starts[i] + n)]  # fmt: skip
+    if policy is not None:  # a scanned stack's residuals, recomputed in its backward scan
+        closed = remat_scans(closed, policy)
     new = rewrite(closed, policy, regather, data or None)
     out_tree = jax.tree.structure(out_shape)
 

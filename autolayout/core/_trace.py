@@ -110,7 +110,7 @@ def _reason(prim: str, e: Exception) -> str:
     return f"dim rule for {prim!r} failed: {type(e).__name__}: {e}"
 
 
-def _closed(j: Any) -> tuple[Any, list[Any]]:
+def closed_parts(j: Any) -> tuple[Any, list[Any]]:
     """(jaxpr, consts) of a ClosedJaxpr or an open Jaxpr."""
     if hasattr(j, "jaxpr") and hasattr(j, "consts"):
         return j.jaxpr, list(j.consts)
@@ -130,7 +130,7 @@ def _inline(key: str, scope: str | None = None):
     instead of walked again; the graph is the same (the tests compare)."""
 
     def walker(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
-        jaxpr, _ = _closed(eqn.params[key])
+        jaxpr, _ = closed_parts(eqn.params[key])
         label = scope or str(eqn.params.get("name", eqn.primitive.name))
         if scope == "remat":
             label = f"remat.{b.take_number()}"
@@ -263,7 +263,7 @@ def _link_all_axes(b: _Builder, x: int, y: int, shift_x: int = 0) -> None:
 
 def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     p = eqn.params
-    jaxpr, _ = _closed(p["jaxpr"])
+    jaxpr, _ = closed_parts(p["jaxpr"])
     nc, nk, length = p["num_consts"], p["num_carry"], int(p["length"])
     number = b.begin()
     name = f"scan.{number}"
@@ -319,8 +319,8 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
 
 def _while(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     p = eqn.params
-    cj, _ = _closed(p["cond_jaxpr"])
-    bj, _ = _closed(p["body_jaxpr"])
+    cj, _ = closed_parts(p["cond_jaxpr"])
+    bj, _ = closed_parts(p["body_jaxpr"])
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     number = b.begin()
     name = f"while.{number}"
@@ -374,7 +374,7 @@ def _cond(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     outs = [b.new(v.aval) for v in eqn.outvars]
     branch_out: list[int] = []
     for i, br in enumerate(eqn.params["branches"]):
-        jaxpr, _ = _closed(br)
+        jaxpr, _ = closed_parts(br)
         b.scope.append(f"{name}/branch{i}")
         b.path.append(i)
         try:
