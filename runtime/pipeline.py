@@ -28,8 +28,8 @@ from autolayout.core import (
     Graph,
     PlanError,
     Stack,
-    closed_parts,
     Workload,
+    closed_parts,
     stage_workload,
     trace_with_jaxpr,
 )

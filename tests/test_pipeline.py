@@ -117,7 +117,7 @@ def test_a_scanned_equinox_model_pipelines():
 
 def test_search_compares_with_and_without_stages_and_the_cli_says_so(gpt, tmp_path):
     wl = gpt[0]
-    p = al.plan(wl, "cpu-8", pipeline=True, time_limit_s=6)
+    p = al.plan(wl, "cpu-8", pipeline=True, time_limit_s=4)
     ch = p.solver["pipeline_choice"]
     assert ch["with"] and ch["without"] and ch["tried"]
     chosen = ch["with"] if "pipeline" in p.solver else ch["without"]

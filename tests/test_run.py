@@ -62,11 +62,11 @@ def test_plan_with_exceptions_runs_and_is_the_same_on_every_run():
     whole while their updates are computed split ("exceptions to the rules"): the update is
     gathered back into the stored layout, as priced, so 5 steps run with the unsharded
     losses and the compiled all-gathers are the predicted ones. Its equal-cost layouts are
-    many; three runs of the same wall-clock request give one plan."""
+    many; two runs of the same wall-clock request give one plan."""
     wl = al.load_workload(
         ROOT / "experiments/models/my_transformer.py", layers=2, d_model=128, d_ff=512
     )
-    plans = [al.plan(wl, "cpu-8", time_limit_s=40) for _ in range(3)]  # ends in ~10 s
+    plans = [al.plan(wl, "cpu-8", time_limit_s=40) for _ in range(2)]  # ends in ~10 s
     p = plans[0]
     assert p.solver["exceptions"], p.solver
     for q in plans[1:]:

@@ -382,7 +382,9 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
             keys = [v for v in saved_vars if isinstance(v, core.Var)]
 
             def recompute(ins, vals):  # a remat region: the plan counts it as recomputation
-                return _eval_needed(fbody, fconsts_, ins, dict(zip(keys, vals)), wanted)
+                return _eval_needed(
+                    fbody, fconsts_, ins, dict(zip(keys, vals, strict=True)), wanted
+                )
 
             redo = jax.checkpoint(recompute, prevent_cse=True)(
                 ins, [at[saved_vars[v]] for v in keys]
