@@ -368,3 +368,31 @@ def test_stamped_calls_equal_walked_ones(opts, monkeypatch):
     assert g1.dim_info == g2.dim_info
     assert (g1.inputs, g1.outputs, g1.loops) == (g2.inputs, g2.outputs, g2.loops)
     assert visits1 == visits2
+
+
+def test_a_scanned_mlp_without_names_gets_its_roles():
+    """No embedding, no attention, no names: the stacked axis a scan runs the weights over is
+    ``layers``, the per-example carry's features ``d_model``, the hidden width ``d_ff``."""
+    import numpy as np
+    import optax
+
+    L, W, H, B = 3, 32, 96, 16
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        return {"up": jax.random.normal(k1, (L, W, H)) * 0.1,
+                "down": jax.random.normal(k2, (L, H, W)) * 0.1}  # fmt: skip
+
+    def loss_fn(params, batch):
+        def block(h, p):
+            return h + jax.nn.relu(h @ p["up"]) @ p["down"], None
+
+        h, _ = jax.lax.scan(block, batch["x"], params)
+        return jnp.mean((h - batch["y"]) ** 2)
+
+    def make_batch(rng):
+        return {k: rng.standard_normal((B, W)).astype(np.float32) for k in ("x", "y")}
+
+    specs = {k: jax.ShapeDtypeStruct((B, W), jnp.float32) for k in ("x", "y")}
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), init, specs, make_batch))
+    assert {"layers": L, "batch": B, "d_model": W, "d_ff": H}.items() <= g.dims.items(), g.dims

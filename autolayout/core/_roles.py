@@ -5,7 +5,8 @@ from the program's structure alone (no library is special-cased):
 * ``batch``: the leading axis of the data inputs; ``seq``: axis 1 of an integer rank-2 one.
 * ``vocab``: an axis a gather indexes with values derived from integer data (the embedding
   table's rows, the loss's logits); ``d_model``: the other axis of a rank-2 weight so indexed
-  (else, in a model with attention, the dim most weights carry).
+  (else, in a model with attention, the dim most weights carry; else the feature axis of a
+  scanned stack's per-example carry: the residual stream of an MLP).
   ``classes``: an axis a gather indexes with integer labels [batch].
 * ``heads``: the batch dims (not ``batch``) of a dot of two activations whose result a
   softmax reads (the scores); ``head_dim``: that dot's contracted dim, and the values' free
@@ -23,6 +24,7 @@ import re
 from collections.abc import Callable
 
 from ._builder import _Builder
+from ._stages import scan_parts
 
 WL_ROUNDS = 3  # enough to tell q from o in one layer, few enough for the first layer to match
 INT_DEPTH = 8  # ops from an integer data input to the indices a gather reads
@@ -267,6 +269,16 @@ def role_names(
     if not d_model and heads and carried:
         most = max(carried.values())
         d_model = [x for x, n in carried.items() if n == most and n >= 3][:1]
+    if not d_model:  # no embedding, no attention: a scanned stack's residual stream's features
+        for op in b.ops:
+            if op.primitive != "scan" or op.scope or op.param("length", 0) < 2:
+                continue
+            for name in scan_parts(op)[1]:
+                t = int(name[1:])
+                shape = b.shapes[t]
+                x = r(t, len(shape) - 1) if len(shape) >= 2 else -1
+                if r(t, 0) in batch and x >= 0 and x not in batch and x not in d_model:
+                    d_model.append(x)
     for x in d_model:
         add(x, "d_model")
     merged = set()  # classes a reshape makes of heads or head_dim and others (heads*head_dim)
