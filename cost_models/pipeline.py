@@ -195,26 +195,22 @@ def price_pipeline(
     per_send = lat * n_scans + sent / bw  # one microbatch over one stage boundary, both ways
     # the last stage's results (the whole batch's carry) to every stage, once a scan
     exit_s = 0.0 if schedule == "1f1b" else lat * n_scans + 2 * (P - 1) / P * sent * M / bw
-    if schedule == "1f1b":  # Megatron-LM: embedding and head in the first and last stages
-        slots = M + P - 1
-        slot = t["stack"] + t["edge"] + per_send
-        step = slots * slot + t["once"]
-        in_flight = min(M, P)
-    else:
-        slots = M * R + P - 1
-        slot = t["stack"] / R + per_send
-        step = M * t["edge"] + slots * slot + t["once"] + exit_s
-        in_flight = M
-    ideal = M * (t["stack"] + t["edge"]) + t["once"]
     st, ed, on = parts["stack"], parts["edge"], parts["once"]
-    if schedule == "1f1b":  # the bubble idles
+    if schedule == "1f1b":  # Megatron-LM: embedding and head in the first and last stages;
+        slots = M + P - 1  # the bubble idles
+        step = slots * (t["stack"] + t["edge"] + per_send) + t["once"]
+        in_flight = min(M, P)
         compute = slots * (st[0] + ed[0]) + on[0]
         comm = slots * (st[1] + ed[1] + per_send) + on[1]
         flops = M * (st[2] + ed[2]) + on[2]
     else:  # the bubble computes on nothing (masked), as the runtime's pipelined scan does
+        slots = M * R + P - 1
+        step = M * t["edge"] + slots * (t["stack"] / R + per_send) + t["once"] + exit_s
+        in_flight = M
         compute = slots * st[0] / R + M * ed[0] + on[0]
         comm = slots * (st[1] / R + per_send) + M * ed[1] + on[1] + exit_s
         flops = slots * st[2] / R + M * ed[2] + on[2]
+    ideal = M * (t["stack"] + t["edge"]) + t["once"]
     s = stage.predicted
     by = dict(s["memory_by_category"])
     act = by.get("activations", 0)
@@ -368,7 +364,7 @@ def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> li
             c["bytes"] = c["bytes"] * M
             c["time_s"] = c["time_s"] * M
         out.append(c)
-    P, share = pipe["stages"], pipe["transfer_s_per_microbatch"]
+    share = pipe["transfer_s_per_microbatch"]
     for op in g.ops:
         if op.name not in stack.loops:
             continue
@@ -383,7 +379,6 @@ def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> li
                             "bytes": b * M, "time_s": pipe["exit_s"] * frac, "count": 1,
                             "tensor": t, "why": "the last stage's results to every stage",
                             "combined": False})  # fmt: skip
-    del P
     return out
 
 

@@ -64,9 +64,17 @@ def candidates(
     return out
 
 
-def _key(s: dict) -> tuple[bool, float]:
-    """A prediction's rank: what fits first, fastest; else the least memory."""
+def rank(s: dict) -> tuple[bool, float]:
+    """A prediction's rank (lower first): what fits, fastest; else the least memory."""
     return (not s["fits"], s["step_time_s"] if s["fits"] else s["memory_bytes_per_device"])
+
+
+def _row(status: str, P: int, M: int, stage: Plan, pp: Plan) -> dict[str, Any]:
+    """A candidate tried: its stages, microbatches, stage mesh and the pipeline's prediction."""
+    s = pp.predicted
+    return {"stages": P, "microbatches": M, "status": status, "stage_mesh": dict(stage.mesh),
+            "step_time_s": s["step_time_s"], "memory_bytes_per_device": s["memory_bytes_per_device"],
+            "fits": bool(s["fits"]), "bubble": s["pipeline"]["bubble"]}  # fmt: skip
 
 
 def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
@@ -78,7 +86,7 @@ def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
         except AutolayoutError:
             continue
         s = p.predicted
-        k = _key(s)
+        k = rank(s)
         if key is None or k < key:
             best, key = p, k
     return best
@@ -136,12 +144,8 @@ def plan_pipelined(
         if best is None:
             return
         pp = pipelined_plan(workload, g, hw, best, stack, P, M, schedule, memory_limit=limit)
-        s = pp.predicted
-        tried.append({"stages": P, "microbatches": M, "status": "HAND",
-                      "stage_mesh": dict(best.mesh), "step_time_s": s["step_time_s"],
-                      "memory_bytes_per_device": s["memory_bytes_per_device"],
-                      "fits": bool(s["fits"]), "bubble": s["pipeline"]["bubble"]})  # fmt: skip
-        priced.append((*_key(s), P, M, swl, sg, sub, best, pp))
+        tried.append(_row("HAND", P, M, best, pp))
+        priced.append((*rank(pp.predicted), P, M, swl, sg, sub, best, pp))
 
     # one microbatch count per stage count first (the middle one), then all of the best few
     by_p: dict[int, list[int]] = {}
@@ -177,13 +181,8 @@ def plan_pipelined(
         if inner.status == "INFEASIBLE":
             continue
         full = pipelined_plan(workload, g, hw, inner, stack, P, M, schedule, memory_limit=limit)
-        f = full.predicted
-        tried.append({"stages": P, "microbatches": M, "status": "SEARCHED",
-                      "stage_mesh": dict(inner.mesh), "step_time_s": f["step_time_s"],
-                      "memory_bytes_per_device": f["memory_bytes_per_device"],
-                      "fits": bool(f["fits"]), "bubble": f["pipeline"]["bubble"]})  # fmt: skip
-        b = best.predicted
-        if _key(f) < _key(b):
+        tried.append(_row("SEARCHED", P, M, inner, full))
+        if rank(full.predicted) < rank(best.predicted):
             best = full
     best.solver["pipeline"]["tried"] = tried
     best.solver["wall_s"] = time.perf_counter() - t0

@@ -50,7 +50,7 @@ from .baselines import layouts_and_misses
 from .clock import Clock, clock, now, using
 from .final import _to_plan
 from .meshes import mesh_shapes
-from .pipeline import plan_pipelined
+from .pipeline import plan_pipelined, rank
 from .refine import FULL_LIMIT, least_memory, refine
 from .request import build
 from .seeds import ShapeResult, _score, seeds
@@ -169,11 +169,8 @@ def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedul
     if pp is None and base is None:
         raise PlanError(f"cannot pipeline: {why}")
 
-    def key(p: Plan) -> tuple:
-        s = p.predicted
-        return (not s["fits"], s["step_time_s"] if s["fits"] else s["memory_bytes_per_device"])
-
-    chosen = pp if base is None or (pp is not None and key(pp) < key(base)) else base
+    better = pp is not None and (base is None or rank(pp.predicted) < rank(base.predicted))
+    chosen = pp if better else base
     side = {
         "without": None if base is None else {
             "mesh": dict(base.mesh), "step_time_s": base.predicted["step_time_s"],

@@ -262,17 +262,11 @@ def _eval_needed(body: Any, consts: list, ins: list, given: dict, wanted: list) 
     env = dict(zip(body.constvars, consts, strict=True))
     env.update(zip(body.invars, ins, strict=True))
     env.update(given)
-    producer = {v: k for k, e in enumerate(body.eqns) for v in e.outvars}
-    need: set[int] = set()
-    stack = [v for v in wanted if isinstance(v, core.Var)]
-    while stack:
-        v = stack.pop()
-        k = producer.get(v)
-        if v in env or k is None or k in need:
-            continue
-        need.add(k)
-        stack += [u for u in body.eqns[k].invars if isinstance(u, core.Var)]
-    for k in sorted(need):
+    read = _inputs_needed(body, set(env), wanted)
+    need = [
+        k for k, e in enumerate(body.eqns) if any(v in read and v not in env for v in e.outvars)
+    ]
+    for k in need:
         e = body.eqns[k]
         vals = [u.val if isinstance(u, core.Literal) else env[u] for u in e.invars]
         env.update(zip(e.outvars, _bind(e, vals), strict=True))

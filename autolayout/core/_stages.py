@@ -50,7 +50,7 @@ def find_stack(g: Graph) -> Stack | str:
     for op in g.ops:
         if op.primitive != "scan" or op.scope:
             continue
-        _, carries, xs = scan_parts(op)
+        xs = scan_parts(op)[2]
         weights = [t for t in xs if g.tensors[t].role == "input" and g.tensors[t].dims]
         if not weights:
             continue
@@ -66,8 +66,7 @@ def find_stack(g: Graph) -> Stack | str:
         return f"{g.name}: no dim named 'batch' to cut into microbatches"
     dim, ops = max(by_dim.items(), key=lambda kv: g.dims[kv[0]])
     for op in ops:
-        _, carries, _ = scan_parts(op)
-        flat = [t for t in carries if batch not in g.tensors[t].dims]
+        flat = [t for t in scan_parts(op)[1] if batch not in g.tensors[t].dims]
         if flat:
             return (
                 f"{g.name}: the scan {op.name} carries {flat[0]} "
