@@ -97,16 +97,21 @@ def op_time(
     nbytes: float,
     dtype: str,
     precision: str = "default",
+    spatial: int = 0,
 ) -> float:
     """Seconds for one op on one device: its local FLOPs and HBM bytes on the roofline.
+    ``spatial``: a convolution's spatial dims (a 3-D one runs at the profile's ``conv3d``
+    fraction of peak where it gives one).
 
     A fused attention kernel runs at the profile's ``efficiency.attention`` of peak (flash
     kernels keep the scores on chip, and run below a plain matmul's rate: the softmax
     between the two matmuls), plus ``attention_call_s`` per forward+backward pair, shared
-    between the two kernels by their FLOPs (fitted on one H200: docs/decisions.md).
+    between the two kernels by their FLOPs (fitted on one H200: docs/decisions.md). Any
+    other op that writes HBM (a kernel XLA launches) pays the profile's ``kernel_s`` too.
     """
     e = hw.efficiency
     memory = nbytes / (hw.chip.hbm_bandwidth * e.memory)
+    launch = e.kernel_s if nbytes > 0 else 0.0
     if primitive in ATTENTION_OPS:
         share = (ATTENTION_BWD_FLOPS if primitive in ATTENTION_BWD else 1.0) / (
             1.0 + ATTENTION_BWD_FLOPS
@@ -114,8 +119,9 @@ def op_time(
         rate = peak_flops(hw, dtype) * (e.attention if e.attention is not None else e.matmul)
         return max(flops / rate, memory) + e.attention_call_s * share
     if (primitive not in MATRIX_OPS and primitive not in KERNEL_OPS) or flops <= 0:
-        return memory
-    return max(flops / (peak_flops(hw, dtype, precision) * e.matmul), memory)
+        return memory + launch
+    eff = e.conv3d if spatial == 3 and e.conv3d is not None else e.matmul
+    return max(flops / (peak_flops(hw, dtype, precision) * eff), memory) + launch
 
 
 def kernel_notes(g: Graph, hw: Hardware) -> list[str]:

@@ -12,6 +12,11 @@ writes to HBM is no buffer: an elementwise result fused into its one elementwise
 ``broadcast_in_dim``), which XLA folds into their readers; the buffers they read live until
 the fused or viewed value's last reader instead (measured: the materialised attention of
 ``shared/calibration/h200-attention.csv`` was predicted at 2.9x XLA's temporaries before).
+Outside loops the same holds for an elementwise result every reader of which XLA can fuse
+(elementwise ops, reductions, views): XLA fuses a copy of it into each reader, so a value the
+backward pass reads (``tanh`` of a GELU, the float32 copy of the scores) is recomputed there
+from the buffers it was made from, not kept (the H200's unrolled steps were predicted at
+1.2-1.5x XLA's memory before; a scan's body writes its stacked residuals as they are).
 
 This is a lower bound on what XLA allocates (it also keeps fusion temporaries and may
 schedule differently); ``al.validate`` prints XLA's ``memory_analysis()`` beside it.
@@ -22,11 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout.core import Graph, per_graph
+from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, per_graph
 
 from .sharding import fused_ops
 
 VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
+_DUPLICABLE = frozenset(ELEMENTWISE) - {"optimization_barrier"}
+_FUSIBLE_READERS = _DUPLICABLE | VIEW_OPS | {"reduce_sum", "reduce_max", "reduce_min", "name"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +75,27 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
     aliased = set(aliased_outputs(g, donated))
     fused = fused_ops(g)
     outputs = set(g.outputs)
+    readers: dict[str, list[str]] = {}
+    for op in g.ops:
+        for t in op.inputs:
+            readers.setdefault(t, []).append(op.primitive)
     source: dict[str, tuple[str, ...]] = {}  # a value with no buffer -> the buffers it reads
     for op in g.ops:
-        if op.name in fused or (op.primitive in VIEW_OPS and not outputs & set(op.outputs)):
+        duplicated = (
+            op.primitive in _DUPLICABLE
+            # a loop body's values are its outputs' stacks as written
+            and not any(s.split(".", 1)[0] in LOOP_OPS for s in op.scope)
+            and all(
+                o not in outputs and o in readers
+                and all(r in _FUSIBLE_READERS for r in readers[o])
+                for o in op.outputs
+            )
+        )  # fmt: skip
+        if (
+            duplicated
+            or op.name in fused
+            or (op.primitive in VIEW_OPS and not outputs & set(op.outputs))
+        ):
             srcs = tuple(dict.fromkeys(s for t in op.inputs for s in source.get(t, (t,))))
             for o in op.outputs:
                 source[o] = srcs

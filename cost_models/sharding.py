@@ -681,6 +681,25 @@ def fused_ops(g: Graph) -> set[str]:
 
 
 @per_graph
+def stacked_residuals(g: Graph) -> frozenset[str]:
+    """The values a scan body writes into a stacked output that a later loop reads (the
+    forward pass's residuals, read back by the backward scan). XLA on GPU writes each into the
+    stack with a dynamic-update-slice and copies it out with a dynamic-slice: the profile's
+    ``scan_stack_passes`` prices those passes (measured on one H200: docs/decisions.md)."""
+    read_by_loop = {t for op in g.ops if op.primitive in LOOP_OPS for t in op.inputs}
+    out: set[str] = set()
+    for op in g.ops:
+        if op.primitive != "scan":
+            continue
+        body = op.param("body_outputs", ())
+        ncar = op.param("num_carry", 0)
+        for outer, inner in zip(op.outputs[ncar:], body[ncar:], strict=False):
+            if outer in read_by_loop:
+                out.add(inner)
+    return frozenset(out)
+
+
+@per_graph
 def free_tensors(g: Graph) -> set[str]:
     """Tensors any device can make in any layout: iotas, splats of a scalar, their converts."""
     free: set[str] = set()
@@ -766,10 +785,24 @@ def op_cost(
             nbytes += sum(local_bytes(g.tensors[t], wanted[t], m.mesh) for t in set(op.inputs))
     dtype = compute_dtype([g.tensors[t].dtype for t in op.inputs])
     compute = (
-        op_time(m.hw, op.primitive, flops, nbytes, dtype, op.param("precision", "default"))
+        op_time(
+            m.hw,
+            op.primitive,
+            flops,
+            nbytes,
+            dtype,
+            op.param("precision", "default"),
+            len(g.tensors[op.inputs[0]].shape) - 2 if op.primitive == "conv_general_dilated" else 0,
+        )  # fmt: skip
         if op.primitive not in LOOP_OPS
         else 0.0
     )
+    passes = m.hw.efficiency.scan_stack_passes
+    if passes and op.scope:  # a residual stacked for the backward scan: copied in and out
+        stacked = stacked_residuals(g)
+        extra = sum(local_bytes(g.tensors[t], produced[t], m.mesh)
+                    for t in op.outputs if t in stacked)  # fmt: skip
+        compute += passes * extra / (m.hw.chip.hbm_bandwidth * m.hw.efficiency.memory)
     strategy = {
         (grp.dim or f"{grp.members[0][0]}.{grp.members[0][1]}"): a
         for grp, a in zip(groups, assign, strict=True)

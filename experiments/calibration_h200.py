@@ -6,7 +6,14 @@ cuDNN flash attention, forward+backward). This script
 
 1. fits the fused-attention kernel's rate and per-call time on the cuDNN rows (time =
    FLOPs / (peak x efficiency) + call), with the leave-one-out error of each row;
-2. predicts every single-chip row with ``al.evaluate(wl, "h200-1", mesh={"data": 1},
+2. fits the two effects the single-chip steps show beyond the roofline (``fit_overheads``):
+   a fixed cost per kernel that writes HBM (``efficiency.kernel_s``: launch and tail, what
+   makes a many-op step slow) and extra HBM passes over the residuals a scan stacks for its
+   backward scan (``efficiency.scan_stack_passes``: XLA:GPU copies each into the stack and
+   out of it), least squares on the relative error of the rows without convolutions, with
+   each row's leave-one-out error; and the 3-D convolutions' rate on the U-Net row
+   (``efficiency.conv3d``, in-sample only: the table has one such row);
+3. predicts every single-chip row with ``al.evaluate(wl, "h200-1", mesh={"data": 1},
    rules={})`` (models traced as they were measured: naive attention) and compares step time
    with the measured median and memory with XLA's ``temp + argument`` bytes.
 
@@ -19,6 +26,7 @@ writes ``experiments/results/calibration_h200.{csv,json,png}``. The copy of the 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -65,14 +73,83 @@ def fit_attention(rows: list[dict], impl: str = "cudnn") -> dict:
     }
 
 
-def predict_row(row: dict) -> dict:
+def row_workload(row: dict) -> al.Workload:
     options = {}
     for kv in row["options"].split(";"):
         k, v = kv.split("=")
         options[k] = {"true": True, "false": False}.get(v, int(v) if v.isdigit() else v)
     if row["model"].endswith(("gpt.py", "moe.py", "t5.py")):
         options.setdefault("attention", "naive")  # as measured (fd9b8fc): scores materialised
-    wl = al.load_workload(str(ROOT / row["model"]), **options)
+    return al.load_workload(str(ROOT / row["model"]), **options)
+
+
+def _with(hw: al.Hardware, **eff) -> al.Hardware:
+    return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
+
+
+def fit_overheads(rows: list[dict]) -> dict:
+    """``kernel_s`` and ``scan_stack_passes`` by least squares of the relative step-time
+    error over the rows without convolutions, from each row's step priced without them and
+    the time each adds per unit; leave-one-out: each row predicted by the fit of the others.
+    Then ``conv3d`` from the rows with 3-D convolutions (what is left of their time)."""
+    hw = al.hardware("h200-1")
+    none = _with(hw, kernel_s=0.0, scan_stack_passes=0.0, conv3d=None)
+    feats = []
+    for row in rows:
+        wl = row_workload(row)
+        g = al.trace(wl)
+
+        def step(h, wl=wl, g=g):
+            return al.evaluate(wl, h, mesh={"data": 1}, rules={}, graph=g).predicted["step_time_s"]
+
+        base = step(none)
+        feats.append({
+            "row": row,
+            "measured": float(row["step_s_median"]),
+            "base": base,
+            "kernels_s": step(_with(none, kernel_s=1.0)) - base,  # seconds per 1 s a kernel
+            "stack_s": step(_with(none, scan_stack_passes=1.0)) - base,  # per pass
+            "conv_free_s": step(_with(none, conv3d=1e9)) - base,  # <= 0: convs at no time
+            # at 0.1% of peak every conv is compute-bound: 1000 x its FLOPs at peak
+            "conv_s": step(_with(none, conv3d=1e-3)) - step(_with(none, conv3d=1e9)),
+        })  # fmt: skip
+    plain = [f for f in feats if f["conv_free_s"] == 0.0]
+
+    def solve(fs):
+        a = np.array([[f["kernels_s"], f["stack_s"]] for f in fs]) / np.array(
+            [[f["measured"]] for f in fs]
+        )
+        y = np.array([(f["measured"] - f["base"]) / f["measured"] for f in fs])
+        return np.maximum(np.linalg.lstsq(a, y, rcond=None)[0], 0.0)
+
+    coef = solve(plain)
+    loo = []
+    for i, f in enumerate(plain):
+        c = solve(plain[:i] + plain[i + 1 :])
+        loo.append((f["base"] + c[0] * f["kernels_s"] + c[1] * f["stack_s"]) / f["measured"])
+    conv_rows = [f for f in feats if f["conv_free_s"] != 0.0]
+    conv3d = None
+    if conv_rows:  # the convs' time at 100% of peak against what is left of the measured step
+        f = conv_rows[0]
+        at_peak = f["conv_s"] * 1e-3  # the convs' FLOPs at peak, in seconds
+        rest = f["base"] + f["conv_free_s"] + coef[0] * f["kernels_s"]  # all but the convs
+        conv3d = at_peak / max(f["measured"] - rest, 1e-12)
+    return {
+        "kernel_s": float(coef[0]),
+        "scan_stack_passes": float(coef[1]),
+        "conv3d": conv3d,
+        "conv3d_rows": [f["row"]["options"] for f in conv_rows],
+        "rows": [f["row"]["options"] for f in plain],
+        "in_sample_ratio": [
+            (f["base"] + coef[0] * f["kernels_s"] + coef[1] * f["stack_s"]) / f["measured"]
+            for f in plain
+        ],
+        "leave_one_out_ratio": loo,
+    }
+
+
+def predict_row(row: dict) -> dict:
+    wl = row_workload(row)
     t0 = time.perf_counter()
     p = al.evaluate(wl, "h200-1", mesh={"data": 1}, rules={})
     pred = p.predicted
@@ -93,6 +170,7 @@ def predict_row(row: dict) -> dict:
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     att = fit_attention(read("h200-attention.csv"))
+    overheads = fit_overheads(read("h200-single-chip.csv"))
     rows = [predict_row(r) for r in read("h200-single-chip.csv")]
     with open(OUT / "calibration_h200.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -103,6 +181,7 @@ def main() -> None:
     summary = {
         "command": "python experiments/calibration_h200.py",
         "attention_fit": att,
+        "overhead_fit": overheads,
         "time_median_abs_rel_error": float(np.median(t_err)),
         "time_worst_abs_rel_error": float(max(t_err)),
         "memory_median_abs_rel_error": float(np.median(m_err)),

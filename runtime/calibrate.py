@@ -258,6 +258,9 @@ def calibrate(
     if bw > chip["hbm_bandwidth"]:
         chip["hbm_bandwidth"] = bw
     eff["memory"] = min(1.0, bw / chip["hbm_bandwidth"])
+    if conv:  # 3-D convolutions (what _convs runs): their median rate
+        rate = statistics.median(r["flops_per_s"] for r in conv)
+        eff["conv3d"] = min(1.0, rate / peaks[main])
     if "rows" in att and math.isfinite(att["rate"]) and att["rate"] > 0:
         eff["attention"] = min(1.0, att["rate"] / peaks.get("bf16", peaks[main]))
         eff["attention_call_s"] = max(att["call_s"], 0.0)

@@ -53,6 +53,9 @@ def test_calibrate_writes_a_profile_that_records_what_it_measured(measured):
     best = max(row["flops_per_s"] for row in cal["matmul"] if row["dtype"] == "float32")
     assert hw.chip.peak_flops["f32"] >= best * 0.999
     assert hw.topology.intra_bandwidth > 0
+    # the 3-D convolutions' median rate, as a fraction of the peak it was measured against
+    rates = sorted(row["flops_per_s"] for row in cal["conv"])
+    assert rates[0] <= hw.efficiency.conv3d * hw.chip.peak_flops["f32"] <= rates[-1] * 1.001
 
 
 def test_a_measured_profile_plans(measured):

@@ -74,9 +74,9 @@ def test_compiled_temporaries_fall_under_a_memory_minimising_schedule():
 
 def test_auto_remat_fits_what_the_written_step_does_not_and_runs(tmp_path):
     wl = load_model("gpt", **SMALL)
-    written = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True)
-    need = written.summary()["memory_bytes_per_device"]
-    limit = int(0.8 * need)
+    # below the least memory the step as written is found to need on this machine
+    least = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True, objective="memory")
+    limit = int(0.8 * least.summary()["memory_bytes_per_device"])
     p = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True, memory_limit=limit, remat="auto")
     rm = p.solver["remat"]
     # tried: the step as written found no layout under the limit
@@ -127,7 +127,7 @@ def test_regather_gathers_weights_again_in_the_backward_pass_as_xla_compiles_it(
 SCANNED = {
     "gpt": dict(SMALL, scan=True),
     "t5": dict(size="base", layers=4, d_model=256, heads=4, head_dim=64, d_ff=1024, vocab=1024,
-               enc_seq=256, dec_seq=128, batch=8, dtype="float32", scan=True),
+               enc_seq=256, dec_seq=128, batch=16, dtype="float32", scan=True),
     "moe": dict(size="base", layers=4, d_model=256, heads=4, head_dim=64, d_ff=512, experts=8,
                 vocab=1024, seq=256, batch=16, dtype="float32", scan=True),
 }  # fmt: skip

@@ -51,6 +51,22 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "seconds a fused attention forward+backward costs beyond its FLOPs",
             False,
         ),
+        "conv3d": (
+            "frac",
+            "fraction of peak FLOP/s a 3-D convolution reaches (default: matmul)",
+            False,
+        ),
+        "kernel_s": (
+            "num",
+            "seconds each kernel that writes HBM costs beyond its roofline (launch, tail)",
+            False,
+        ),
+        "scan_stack_passes": (
+            "num",
+            "extra HBM passes over the residuals a scan stacks for a later loop (copied in "
+            "and out of the stack)",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -148,6 +164,9 @@ class Efficiency:
     memory_headroom: float
     attention: float | None = None  # fused attention kernels' fraction of peak; None: matmul's
     attention_call_s: float = 0.0  # per forward+backward pair, beyond the FLOPs (launch, tails)
+    conv3d: float | None = None  # 3-D convolutions' fraction of peak; None: matmul's
+    kernel_s: float = 0.0  # per kernel that writes HBM, beyond its roofline (launch, tail)
+    scan_stack_passes: float = 0.0  # HBM passes over residuals a scan stacks for a later loop
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -242,6 +261,13 @@ class Hardware:
             lines.append(
                 f"  attention    fused kernels at {e.attention} of peak, "
                 f"+{e.attention_call_s * 1e3:.2f} ms a forward+backward"
+            )
+        if e.conv3d is not None:
+            lines.append(f"  convolution  3-D at {e.conv3d} of peak")
+        if e.kernel_s or e.scan_stack_passes:
+            lines.append(
+                f"  overheads    {e.kernel_s * 1e6:.1f} us a kernel, {e.scan_stack_passes:g} HBM "
+                "passes over a scan's stacked residuals"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -492,7 +518,8 @@ def _build(
     e = prof["efficiency"]
     eff = Efficiency(
         e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"],
-        e.get("attention"), e.get("attention_call_s", 0.0),
+        e.get("attention"), e.get("attention_call_s", 0.0), e.get("conv3d"),
+        e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
