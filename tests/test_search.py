@@ -434,9 +434,9 @@ def test_moe_with_few_experts_and_a_small_ffn_keeps_them_whole():
 
 
 def test_unet_at_batch_1_on_256_cubed_splits_space():
-    """Batch 1 cannot carry a mesh and splitting channels over 128 chips does not fit (34 GiB
-    a chip, of 32): the planner splits the volume's spatial dims, exchanging halos, and is no
-    slower than the hand spatial layout."""
+    """Batch 1 cannot carry a mesh and channels (32 at the full volume) are a poor one: the
+    planner splits the volume's spatial dims, exchanging halos, and is no slower than the
+    hand spatial layout and faster than splitting channels (Megatron's layout)."""
     wl = al.load_workload(f"{MODELS}/unet3d.py", size="256")
     p = al.plan(wl, "tpu-v4-256", time_limit_s=5)
     assert p.status in ("FEASIBLE", "TIMEOUT", "OPTIMAL")
@@ -450,7 +450,7 @@ def test_unet_at_batch_1_on_256_cubed_splits_space():
     assert "collective-permute" in kinds
     cmp = al.compare(wl, "tpu-v4-256", auto=p).set_index("layout")
     assert cmp.loc["auto", "step_time_s"] <= cmp.loc["spatial", "step_time_s"] * (1 + 1e-9)
-    assert not cmp.loc["megatron", "fits"]
+    assert cmp.loc["auto", "step_time_s"] < cmp.loc["megatron", "step_time_s"]
 
 
 def test_a_deterministic_time_limit_holds_on_the_wall_clock():

@@ -37,7 +37,7 @@ from jax._src.ad_checkpoint import remat_p
 from jax._src.lax.control_flow import optimization_barrier_p
 
 from ._errors import WorkloadError
-from ._report import _layer_key
+from ._report import _NUMBERED, _layer_key
 from ._trace import _user_names, closed_parts, gpu_kernels_traceable
 from ._workload import Workload, path_str
 
@@ -99,7 +99,6 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
     pass goes through (its dominators: the residual stream), from the data input that gives
     the longest such chain."""
     eqns = jaxpr.eqns[: end + 1]
-    loss = {v for v in eqns[end].outvars if v.aval.shape == ()}
     best: set = set()
     for src in sources:
         idom: dict[Any, Any] = {src: src}
@@ -116,9 +115,12 @@ def _spine(jaxpr: Any, end: int, sources: list[Any]) -> set:
                 if not isinstance(v, core.DropVar):
                     idom[v], depth[v] = d, depth[d] + 1
         spine = set()
-        # the deepest value of the dominator tree: the loss itself where only the data's
-        # main path reaches it, the logits where labels from the same input join at the loss
-        t = max(depth, key=lambda v: (depth[v], v in loss))
+        # the last value (the loss; the logits where labels from the same input join at the
+        # loss) at least half as deep in the dominator tree as its deepest value: the
+        # deepest alone can sit inside the last layer's attention of a shallow model
+        top = max(depth.values())
+        order = [v for e in eqns for v in e.outvars if v in depth]
+        t = next((v for v in reversed(order) if 2 * depth[v] >= top), src)
         while t in idom and t not in spine:
             spine.add(t)
             if idom[t] is t:
@@ -134,12 +136,14 @@ def _layer_ends(jaxpr: Any, end: int, spine: set, paths: list[str]) -> set:
     ``jax.checkpoint`` around each block keeps them: a spine value is kept where the nearest
     forward equation before it and the nearest after it that belong to a layer (by their
     ``jax.named_scope`` names, else by the path of the weight they read:
-    ``params/layers/3/w1`` -> ``layers.3``) belong to different ones (the mid-block residual
+    ``params/layers/3/w1`` -> ``layers.3``; a scope without a number, as Equinox's
+    ``eqx.nn.Linear``, names no layer) belong to different ones (the mid-block residual
     ``x + attention(x)`` is not kept). ``spine`` itself where no equation names a layer."""
     weight = {v: _layer_key(p.split("/")[1:]) for v, p in zip(jaxpr.invars, paths, strict=True)}
     labels: list[str] = []
     for e in jaxpr.eqns[: end + 1]:
-        lab = _layer_key(_user_names(e).split("/"))
+        names = _user_names(e)  # a numbered scope names a layer (eqx.nn.Linear does not)
+        lab = _layer_key(names.split("/")) if _NUMBERED.search(names) else ""
         if not lab:
             lab = next((weight[v] for v in e.invars if isinstance(v, core.Var)
                         and weight.get(v)), "")  # fmt: skip
