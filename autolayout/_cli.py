@@ -474,7 +474,12 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         click.echo(
             f"remat: {rm['policy']} (the step as written does not fit), recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
-            + (f"; priced in the as-written plan's layout: {tried_text}" if tried_text else "")
+            + (
+                f"; ranked on the as-written plan's mesh and rules, before the full search: "
+                f"{tried_text}"
+                if tried_text
+                else ""
+            )
         )
     for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
         click.echo(f"note: {note}")

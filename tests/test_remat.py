@@ -75,9 +75,9 @@ def test_compiled_temporaries_fall_under_a_memory_minimising_schedule():
 def test_auto_remat_fits_what_the_written_step_does_not_and_runs(tmp_path):
     wl = load_model("gpt", **SMALL)
     # below the least memory the step as written is found to need on this machine
-    least = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True, objective="memory")
+    least = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True, objective="memory")
     limit = int(0.8 * least.summary()["memory_bytes_per_device"])
-    p = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True, memory_limit=limit, remat="auto")
+    p = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True, memory_limit=limit, remat="auto")
     rm = p.solver["remat"]
     # tried: the step as written found no layout under the limit
     assert rm["policy"] != "as_written" and rm["recompute_flops_per_device"] > 0
