@@ -158,11 +158,13 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     # 1.08, 1.12; MoE 1.28, 1.10 (XLA:CPU materialises the MoE layer's mask broadcasts and
     # transposes for its dot library in the recomputed layer: docs/decisions.md)
     assert base_temp / base_act == pytest.approx(1, abs=0.3)
-    for policy in ("nothing_saveable", "dots_saveable"):
+    # each policy compiles twice (seconds): both on GPT, the planner's usual one elsewhere
+    for policy in (
+        ("nothing_saveable", "dots_saveable") if model == "gpt" else ("nothing_saveable",)
+    ):
         w = al.remat(wl, policy)
-        if model == "gpt" or policy == "nothing_saveable":  # (each compile costs seconds)
-            # top-2 routing reorders MoE's sums: 2e-5 apart
-            assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-4), policy
+        # top-2 routing reorders MoE's sums: 2e-5 apart
+        assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-4), policy
         p, t = act(w), temp(w)
         fell = p["memory_by_category"]["activations"] / base_act
         assert fell < 0.6, (policy, fell)

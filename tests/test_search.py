@@ -183,8 +183,8 @@ def test_sharing_merges_repeated_layers():
 
 def test_memory_limit_respected_and_optimal():
     """Under a limit between the least and the unconstrained optimum's memory, the ILP with
-    lazy rows returns the cheapest combination that fits (brute force)."""
-    wl = build_fn(["matmul", "tanh", "matmul"])
+    lazy rows returns the cheapest combination that fits (brute force over 10,752)."""
+    wl = build_fn(["matmul", "tanh"])
     g = al.trace(wl)
     hw = al.hardware("tpu-v4-8")
     req = rq.build(st_mod.analyse(g, share=False), hw, {"a": 2, "b": 2})
@@ -395,8 +395,8 @@ def test_memory_objective_needs_no_more_memory_than_any_layout_tried():
 
     wl = al.load_workload(f"{MODELS}/gpt.py", batch=32)
     g = al.trace(wl)
-    mem = al.plan(wl, "cpu-8", time_limit_s=8, graph=g, objective="memory")
-    fast = al.plan(wl, "cpu-8", time_limit_s=8, graph=g)
+    mem = al.plan(wl, "cpu-8", time_limit_s=4, graph=g, objective="memory")
+    fast = al.plan(wl, "cpu-8", time_limit_s=4, graph=g)
     assert mem.solver["objective"] == "memory"
     m = mem.predicted["memory_bytes_per_device"]
     assert m <= fast.predicted["memory_bytes_per_device"]
@@ -496,7 +496,7 @@ def test_the_search_is_no_worse_than_a_fixed_mesh_on_the_shapes_it_refined():
 
     wl = load_model("gpt")
     g = al.trace(wl)
-    full = al.plan(wl, "cpu-8", time_limit_s=10, deterministic=True, graph=g)
+    full = al.plan(wl, "cpu-8", time_limit_s=6, deterministic=True, graph=g)
     refined = [
         r["mesh"]
         for r in full.solver["mesh_shapes_tried"]
@@ -505,6 +505,6 @@ def test_the_search_is_no_worse_than_a_fixed_mesh_on_the_shapes_it_refined():
     assert len(refined) >= 2
     for shape in refined:
         shape = {f"m{i}": n for i, n in enumerate(shape.values())}
-        fixed = al.plan(wl, "cpu-8", mesh=shape, time_limit_s=5, deterministic=True, graph=g)
+        fixed = al.plan(wl, "cpu-8", mesh=shape, time_limit_s=3, deterministic=True, graph=g)
         if fixed.predicted["fits"]:
             assert full.predicted["step_time_s"] <= fixed.predicted["step_time_s"] * 1.01, shape
