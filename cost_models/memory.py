@@ -77,21 +77,20 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
     outputs = set(g.outputs)
     # who reads a value: its primitive and the remat regions it runs in (a region's inputs
     # pass an optimization barrier, which no fusion crosses)
+    regions = [frozenset(s for s in op.scope if s.startswith("remat.")) for op in g.ops]
     readers: dict[str, list[tuple[str, frozenset]]] = {}
-    for op in g.ops:
-        regions = frozenset(s for s in op.scope if s.startswith("remat."))
+    for op, rg in zip(g.ops, regions, strict=True):
         for t in op.inputs:
-            readers.setdefault(t, []).append((op.primitive, regions))
+            readers.setdefault(t, []).append((op.primitive, rg))
     source: dict[str, tuple[str, ...]] = {}  # a value with no buffer -> the buffers it reads
-    for op in g.ops:
-        regions = frozenset(s for s in op.scope if s.startswith("remat."))
+    for op, rg in zip(g.ops, regions, strict=True):
         duplicated = (
             op.primitive in _DUPLICABLE
             # a loop body's values are its outputs' stacks as written
             and not any(s.split(".", 1)[0] in LOOP_OPS for s in op.scope)
             and all(
                 o not in outputs and o in readers
-                and all(p in _FUSIBLE_READERS and r <= regions for p, r in readers[o])
+                and all(p in _FUSIBLE_READERS and r <= rg for p, r in readers[o])
                 for o in op.outputs
             )
         )  # fmt: skip

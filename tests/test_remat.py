@@ -153,7 +153,7 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     base, base_temp = act(wl), temp(wl)
     base_act = base["memory_by_category"]["activations"]
     # measured (MiB, predicted / compiled), as written, nothing_saveable, dots_saveable: GPT
-    # 733 / 856, 217 / 243, 301 / 297; T5 700 / 797, 158 / 195, 237 / 301; MoE 621 / 780,
+    # 729 / 856, 217 / 243, 301 / 297; T5 693 / 797, 158 / 195, 233 / 301; MoE 617 / 780,
     # 183 / 295, 259 / 359. The compiled fall over the predicted one: GPT 0.96, 0.84; T5
     # 1.08, 1.12; MoE 1.28, 1.10 (XLA:CPU materialises the MoE layer's mask broadcasts and
     # transposes for its dot library in the recomputed layer: docs/decisions.md)
