@@ -17,6 +17,9 @@ Outside loops the same holds for an elementwise result every reader of which XLA
 backward pass reads (``tanh`` of a GELU, the float32 copy of the scores) is recomputed there
 from the buffers it was made from, not kept (the H200's unrolled steps were predicted at
 1.2-1.5x XLA's memory before; a scan's body writes its stacked residuals as they are).
+Around 3-D convolutions XLA keeps more: each conv's operands copied into the layout it runs
+in, and a 16-bit elementwise chain into a conv as written (the H200's U-Net was predicted
+at 0.38x before).
 
 This is a lower bound on what XLA allocates (it also keeps fusion temporaries and may
 schedule differently); ``al.validate`` prints XLA's ``memory_analysis()`` beside it.
@@ -82,10 +85,12 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
     for op, rg in zip(g.ops, regions, strict=True):
         for t in op.inputs:
             readers.setdefault(t, []).append((op.primitive, rg))
+    kept = _sixteen_bit_into_conv(g)
     source: dict[str, tuple[str, ...]] = {}  # a value with no buffer -> the buffers it reads
     for op, rg in zip(g.ops, regions, strict=True):
         duplicated = (
             op.primitive in _DUPLICABLE
+            and not kept & set(op.outputs)
             # a loop body's values are its outputs' stacks as written
             and not any(s.split(".", 1)[0] in LOOP_OPS for s in op.scope)
             and all(
@@ -117,7 +122,40 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
             if t in inputs or t in aliased or t in source or g.tensors[t].role == "input":
                 continue
             out.append((t, i, max(last.get(t, i), i)))  # never read: freed right after
+    return out + _conv_layout_copies(g)
+
+
+def _sixteen_bit_into_conv(g: Graph) -> set[str]:
+    """Values an elementwise chain carries into a 16-bit convolution's operand. XLA keeps
+    them as written instead of recomputing them in their other readers: XLA:CPU keeps the
+    chain's float32 copies (``subtract_convert_fusion``, ``multiply_convert_fusion`` at the
+    U-Net's peak), and the H200 kept as much (its U-Net row: docs/decisions.md). A float32
+    U-Net on XLA:CPU recomputes them, as a transformer does."""
+    out: set[str] = set()
+    for op in reversed(g.ops):
+        if (
+            op.primitive == "conv_general_dilated"
+            and g.tensors[op.inputs[0]].dtype in ("bfloat16", "float16")
+        ) or (op.primitive in _DUPLICABLE and out & set(op.outputs)):
+            out.update(op.inputs)
     return out
+
+
+def _conv_layout_copies(g: Graph) -> list[tuple[str, int, int]]:
+    """A 3-D convolution's operands copied into the layout the convolution runs in, each
+    copy alive from the first such convolution that reads the value to the last (the
+    forward's input is read again by the weight gradient's convolution). XLA:GPU runs
+    convolutions with more than two spatial dims channels-first (``NCDHW``, its layout
+    assignment) whatever the model's layout; XLA:CPU transposes the weight gradient's
+    operands into its canonical form and keeps the forward's copy for the backward: a
+    float32 U-Net's temporaries on XLA:CPU were predicted at 0.62x without these, 0.95-0.98x
+    with them (three volumes: docs/decisions.md)."""
+    span: dict[str, list[int]] = {}
+    for i, op in enumerate(g.ops):
+        if op.primitive == "conv_general_dilated" and len(op.param("spatial", ())) > 2:
+            for t in op.inputs:
+                span.setdefault(t, [i, i])[1] = i
+    return [(t, a, b) for t, (a, b) in span.items()]
 
 
 def liveness_peak(
