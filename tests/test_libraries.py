@@ -59,6 +59,16 @@ def test_layer_copies_share_their_dims_and_megatron_splits_heads_and_d_ff():
     assert {"heads", "d_ff"} <= {d for d, a in layouts["2d"][1] if a == ("model",)}
 
 
+def test_an_equinox_models_report_groups_its_ops_by_block_not_by_module_class():
+    """Equinox scopes every module call by its class (``eqx.nn.Linear``): no layer. The
+    report's ``layer`` column takes the block from the weights' paths (``blocks.1``)."""
+    wl = _load("eqx_vit")
+    r = al.evaluate(wl, "cpu-8", mesh={"data": 8}, rules=[]).report()
+    by = r.groupby("layer")["time_s"].sum()
+    assert {"blocks.0", "blocks.1"} <= set(by.index), by
+    assert by[[x for x in by.index if x.startswith("eqx.")]].sum() < 0.05 * by.sum(), by
+
+
 def test_metadata_names_and_role_names_print_one_rule_line_per_role():
     wl = _load("hf_llama", layers=4)
     p = al.evaluate(wl, "cpu-8", mesh={"data": 2, "model": 4},

@@ -47,7 +47,9 @@ def op_layers(g: Graph) -> dict[str, str]:
     """The layer of every op, for grouping a report.
 
     An op's ``jax.named_scope`` names give it (``layers.3/mlp`` -> ``layers.3``; JAX keeps
-    them through ``grad``, so the backward pass of a layer is that layer). Without one:
+    them through ``grad``, so the backward pass of a layer is that layer). A scope with no
+    number in it (``encoder``; Equinox's ``eqx.nn.Linear``) gives way to the parameter the
+    op reads (``params/blocks/3/...`` -> ``blocks.3``) or its inputs' layer. Without one:
 
     - ``optimizer``: an op reading optimizer state (an input under ``opt_state``) or a value
       the optimizer made, and an op all of whose readers are the optimizer's (the squared
@@ -74,6 +76,9 @@ def op_layers(g: Graph) -> dict[str, str]:
         lab = by_stack.get(op.name_stack)
         if lab is None:
             lab = by_stack[op.name_stack] = _layer_key(op.name_stack.split("/"))
+        scope = ""
+        if lab and not _NUMBERED.search(lab):  # a module's scope (eqx.nn.Linear), no layer
+            scope, lab = lab, ""
         if not lab:
             paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
             roots = [p.split("/", 1)[0] for p in paths]
@@ -82,7 +87,7 @@ def op_layers(g: Graph) -> dict[str, str]:
             elif "params" in roots:
                 lab = _layer_key(paths[roots.index("params")].split("/")[1:])
             else:
-                lab = latest(op)
+                lab = latest(op) or scope
         label.append(lab)
         for t in op.inputs:
             readers.setdefault(t, []).append(i)
