@@ -492,6 +492,8 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     )}  # fmt: skip
     parts = ", ".join(f"{n} {what}" for what, n in count.items() if n)
     click.echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s")
+    if p.solver.get("source", "search") != "search":
+        click.echo(f"chosen: {p.solver['source']}")
     if p.status == "INFEASIBLE":
         sys.exit(1)
 

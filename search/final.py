@@ -192,7 +192,9 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         searched = priced["predicted"]["step_time_s"]
         faster = hand[0] < searched * (1 - 1e-9)
         simpler = bool(exceptions) and hand[0] <= searched * (1 + SIMPLER_WITHIN)
-        if hand_mem <= limit and (faster or simpler or mem > limit):
+        # as fast and leaner: the search kept whole what the hand layout splits for free
+        leaner = hand[0] <= searched * (1 + 1e-9) and hand_mem < mem
+        if hand_mem <= limit and (faster or simpler or leaner or mem > limit):
             _, win, name, mesh, rules, layouts, priced, names = hand
             if name == OWN_RULES:
                 win.best = Candidate(win.best.choice, hand[0], hand_mem, "search rules")
@@ -200,14 +202,21 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
             else:
                 win.best = Candidate(win.hand[name].choice, hand[0], hand_mem, name)
                 what = f"hand layout {name!r}"
-            source = (
-                f"{what}: its rules, priced exactly, beat the search's best"
-                if faster or mem > limit
-                else f"{what}: within {SIMPLER_WITHIN:.0%} of the search's best "
-                f"({searched:.4g} s, {len(exceptions)} exceptions to its rules) and plain rules"
-            )
+            if faster or mem > limit:
+                source = f"{what}: its rules, priced exactly, beat the search's best"
+            elif simpler:
+                source = (
+                    f"{what}: within {SIMPLER_WITHIN:.0%} of the search's best ({searched:.4g} s, "
+                    f"{len(exceptions)} exceptions to its rules) and plain rules"
+                )
+            else:
+                source = (
+                    f"{what}: as fast as the search's best and less memory "
+                    f"({hand_mem / 2**30:.3g} GiB against {mem / 2**30:.3g})"
+                )
             exceptions = []
-            status = "FEASIBLE"
+            if faster or simpler or mem > limit:
+                status = "FEASIBLE"
     tried = []
     for r in results:
         row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},

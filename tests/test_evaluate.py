@@ -57,11 +57,12 @@ def test_two_matmul_mlp_on_a_2x4_mesh_golden():
     # FLOPs per device: both matmuls split 8 ways: 2*64*1024*4096 * 2 / 8 = 134217728, plus the
     # elementwise relu/convert/sum on local blocks: (32*1024 relu) + (32*1024)*2.
     assert s["flops_per_device"] == pytest.approx(134217728 + 32 * 1024 + 32 * 1024 * 2)
-    # compute: matmul FLOPs at bf16 peak 9.89e14 * 0.8, or HBM bytes at 3.35e12 * 0.85
+    # compute: matmul FLOPs at bf16 peak 9.89e14 * 0.8, or HBM bytes at 3.35e12 * 0.85, plus
+    # 5.6 us for launching the kernel (the H200's fit, which the H100 takes)
     r = p.report().set_index("op")
     mm = r.loc["dot_general.0"]
     assert mm["compute_s"] == pytest.approx(
-        max(mm["flops"] / (9.89e14 * 0.8), mm["bytes"] / (3.35e12 * 0.85))
+        max(mm["flops"] / (9.89e14 * 0.8), mm["bytes"] / (3.35e12 * 0.85)) + 5.6e-6
     )
     # step time: the overlap factor 0.5 interpolates between full and no overlap
     lo, hi = s["step_time_full_overlap_s"], s["step_time_no_overlap_s"]
