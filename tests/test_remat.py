@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import jax
 import pytest
 from click.testing import CliRunner
 
@@ -133,43 +132,59 @@ SCANNED = {
 }  # fmt: skip
 
 
+_SCANNED_TEMPS = """
+import json, sys, jax, autolayout as al
+sys.path.insert(0, "tests")
+from conftest import load_model
+model, options, policies = json.loads(sys.argv[1])
+wl = load_model(model, **options)
+def temp(w):
+    c = jax.jit(w.fn, donate_argnums=w.donate_argnums).lower(*w.args).compile()
+    return c.memory_analysis().temp_size_in_bytes
+print(json.dumps([temp(wl)] + [temp(al.remat(wl, p)) for p in policies]))
+"""
+# XLA:CPU's library fusions (YNNPACK) materialise broadcasts and transposes no accelerator
+# backend makes: compiled without them, as XLA's GPU and TPU backends fuse
+_NO_LIBRARY_FUSIONS = "--xla_cpu_experimental_ynn_fusion_type="
+
+
 @pytest.mark.parametrize("model", ["gpt", "t5", "moe"])
 def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     """A scanned stack's residuals are recomputed in its backward scan from each layer's
     input (as jax.checkpoint around the scanned body; T5 has two stacks, MoE carries its
     balance loss): the losses are the written step's, and XLA's temporaries fall by what the
-    plan predicts (XLA:CPU's default scheduler)."""
+    plan predicts, within 15% (XLA:CPU's default scheduler, its library fusions off)."""
     wl = load_model(model, **SCANNED[model])
     ref = reference_losses(wl, steps=2)
     rules = [("batch", ("data",))]
-
-    def temp(w):
-        c = jax.jit(w.fn, donate_argnums=w.donate_argnums).lower(*w.args).compile()
-        return c.memory_analysis().temp_size_in_bytes
+    # each policy compiles twice (seconds): both on GPT, the planner's usual one elsewhere
+    policies = ("nothing_saveable", "dots_saveable") if model == "gpt" else ("nothing_saveable",)
+    env = dict(os.environ, XLA_FLAGS=_NO_LIBRARY_FUSIONS)
+    arg = json.dumps([model, SCANNED[model], policies])
+    out = subprocess.run([sys.executable, "-c", _SCANNED_TEMPS, arg], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    base_temp, *temps = json.loads(out.stdout.strip().splitlines()[-1])
 
     def act(w):
         return al.evaluate(w, "cpu-1", mesh={"data": 1}, rules=rules).predicted
 
-    base, base_temp = act(wl), temp(wl)
+    base = act(wl)
     base_act = base["memory_by_category"]["activations"]
     # measured (MiB, predicted / compiled), as written, nothing_saveable, dots_saveable: GPT
-    # 729 / 856, 217 / 243, 301 / 297; T5 693 / 797, 158 / 195, 233 / 301; MoE 617 / 780,
-    # 183 / 295, 259 / 359. The compiled fall over the predicted one: GPT 0.96, 0.84; T5
-    # 1.08, 1.12; MoE 1.28, 1.10 (XLA:CPU materialises the MoE layer's mask broadcasts and
-    # transposes for its dot library in the recomputed layer: docs/decisions.md)
+    # 729 / 785, 217 / 215, 301 / 279; T5 693 / 769, 158 / 157, 233 / 269; MoE 617 / 755,
+    # 183 / 247, 259 / 331. The compiled fall over the predicted one: GPT 0.92, 0.86; T5
+    # 0.90, 1.04; MoE 1.10, 1.04. With the library fusions on (XLA:CPU's default) MoE's
+    # nothing_saveable was 1.27: docs/decisions.md
     assert base_temp / base_act == pytest.approx(1, abs=0.3)
-    # each policy compiles twice (seconds): both on GPT, the planner's usual one elsewhere
-    for policy in (
-        ("nothing_saveable", "dots_saveable") if model == "gpt" else ("nothing_saveable",)
-    ):
+    for policy, t in zip(policies, temps, strict=True):
         w = al.remat(wl, policy)
         # top-2 routing reorders MoE's sums: 2e-5 apart
         assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-4), policy
-        p, t = act(w), temp(w)
+        p = act(w)
         fell = p["memory_by_category"]["activations"] / base_act
         assert fell < 0.6, (policy, fell)
-        off = 0.35 if (model, policy) == ("moe", "nothing_saveable") else 0.2
-        assert (t / base_temp) / fell == pytest.approx(1, abs=off), (policy, t, base_temp)
+        assert (t / base_temp) / fell == pytest.approx(1, abs=0.15), (policy, t, base_temp)
         assert p["flops_per_device"] > base["flops_per_device"]  # the recomputation
         assert p["model_flops"] == pytest.approx(base["model_flops"], rel=1e-3)
 
