@@ -116,12 +116,20 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
     for o in g.outputs:
         last[o] = end
     inputs = set(g.inputs)
+    # a loop's results (its carries, its stacked outputs) are buffers from its first body op
+    # on: the body writes into them (the loop op follows its body in program order)
+    start: dict[str, int] = {}
+    for i, op in enumerate(g.ops):
+        for s in op.scope:
+            if s.split(".", 1)[0] in LOOP_OPS:
+                start.setdefault(s.split("/", 1)[0], i)  # cond.3/branch1 -> cond.3
     out = []
     for i, op in enumerate(g.ops):
+        born = start.get(op.name, i) if op.primitive in LOOP_OPS else i
         for t in op.outputs:
             if t in inputs or t in aliased or t in source or g.tensors[t].role == "input":
                 continue
-            out.append((t, i, max(last.get(t, i), i)))  # never read: freed right after
+            out.append((t, born, max(last.get(t, i), i)))  # never read: freed right after
     return out + _conv_layout_copies(g)
 
 
