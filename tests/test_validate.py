@@ -178,8 +178,8 @@ def test_a_unets_memory_is_what_xla_keeps_around_its_convolutions(options):
     weight gradient; a 16-bit chain into a convolution is kept as written (0.42-0.65x without
     either: docs/decisions.md)."""
     wl = load_model("unet3d", **options)
-    ma = jax.jit(wl.fn, donate_argnums=wl.donate_argnums).lower(*wl.args).compile()
-    ma = ma.memory_analysis()
+    compiled = jax.jit(wl.fn, donate_argnums=wl.donate_argnums).lower(*wl.args).compile()
+    ma = compiled.memory_analysis()
     xla = ma.temp_size_in_bytes + ma.argument_size_in_bytes
     p = al.evaluate(wl, "h200-1", mesh={"data": 1}, rules={})
     assert p.predicted["memory_bytes_per_device"] / xla == pytest.approx(1, abs=0.15)
