@@ -125,11 +125,39 @@ def op_time(
 
 
 def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
-    """What the plan assumes of the fused kernels the step calls, where it is not measured
-    or not what this hardware runs (printed with the plan)."""
+    """What the plan assumes of the fused kernels and library calls the step makes, where it
+    is not measured or not what this hardware runs (printed with the plan)."""
+    e = hw.efficiency
+    notes = []
+    convs = sum(
+        op.primitive == "conv_general_dilated" and len(g.tensors[op.inputs[0]].shape) == 5
+        for op in g.ops
+    )
+    if convs and e.conv3d is not None:
+        notes.append(
+            f"{convs} 3-D convolutions priced at {e.conv3d:.2%} of peak (efficiency.conv3d in "
+            f"{hw.source}; XLA:GPU runs them channels-first, at 0.43% of peak on one H200): "
+            "`autolayout calibrate` measures your devices'"
+        )
     n = sum(op.primitive in ATTENTION_OPS for op in g.ops)
     if not n:
-        return []
+        return notes
+    rate = (
+        f"{e.attention} of peak"
+        if e.attention is not None
+        else f"the matmul efficiency {e.matmul} (not measured for attention)"
+    )
+    if hw.kind != "gpu":
+        notes.append(
+            f"the step calls cuDNN attention ({n} kernels), which runs only on NVIDIA GPUs: "
+            f"priced as {hw.kind.upper()} fused attention at {rate}; on a TPU call a Pallas "
+            "flash/splash kernel (jax.experimental.pallas.ops.tpu) to run it"
+        )
+    elif e.attention is None:
+        notes.append(
+            f"cuDNN attention ({n} kernels) priced at {rate}: set efficiency.attention in {hw.source}"
+        )
+    return notes
     e = hw.efficiency
     rate = (
         f"{e.attention} of peak"

@@ -34,3 +34,15 @@ def test_peak_by_dtype():
         match=r"hw_profiles/h100.toml: no peak FLOP/s for dtype 'int8'.*add chip.peak_flops.int8",
     ):
         peak_flops(al.hardware("h100"), "int8")
+
+
+def test_a_plan_says_what_its_3d_convolutions_are_priced_at():
+    """3-D convolutions run far below the matmul rate on GPUs (the H200's U-Net: 0.43% of
+    peak); a plan on a profile that prices them so says it, one that does not stays quiet."""
+    from autolayout.cost_models import kernel_notes
+    from conftest import load_model
+
+    g = al.trace(load_model("unet3d"))
+    (note,) = kernel_notes(g, al.hardware("h100-8"))
+    assert "3-D convolutions priced at 0.43% of peak" in note and "h100.toml" in note
+    assert kernel_notes(g, al.hardware("tpu-v4-8")) == []
