@@ -79,6 +79,7 @@ def now() -> float:
 def charged_solve(req: Request, **kw) -> ilp.Solution:
     if clock().deterministic:
         kw["wall_limit_s"] = max(0.05, clock().wall_end - time.perf_counter())
+        kw["element_s"] = Clock.ELEMENT_S  # charged below: the model's building is in the limit
     sol = ilp.solve(req, deterministic=clock().deterministic, **kw)
     if clock().deterministic and time.perf_counter() >= clock().wall_end:
         clock().walled = True  # the backstop, not the work, ended this solve

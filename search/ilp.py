@@ -84,6 +84,7 @@ def solve(
     objective: str = "time",
     deterministic: bool = False,
     wall_limit_s: float | None = None,
+    element_s: float = 0.0,
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
@@ -91,7 +92,9 @@ def solve(
     time instead of wall time, so the same request gives the same answer on any load.
     Otherwise ``time_limit_s`` is wall time and covers building the model too (its Python
     side takes seconds on 25k nodes): past it, status UNKNOWN and no choice.
-    ``wall_limit_s`` (deterministic): a wall-clock backstop for the solve itself."""
+    ``wall_limit_s`` (deterministic): a wall-clock backstop for the solve itself.
+    ``element_s`` (deterministic): what the caller charges for building each variable and
+    constraint, taken out of ``time_limit_s`` (as wall time covers the building)."""
     t0 = time.perf_counter()
     limit = wall_limit_s if deterministic else time_limit_s
     deadline = None if limit is None else t0 + max(0.05, float(limit))
@@ -135,6 +138,13 @@ def solve(
                 v = req.read_cost(r, a, b) * r.count
                 if v > 0:
                     pairs.append((r, a, b, v, sa, [(n, bl[b]) for n, bl in want if b in bl]))
+    if deterministic and element_s:  # the model would take more than the limit to build
+        size = sum(len(c) for c in cand if len(c) > 1) + sum(1 + len(p[5]) for p in pairs)
+        if element_s * size > time_limit_s:
+            # charged as a quarter of an element a pair priced: 4-6 us each against an
+            # element's 14-20 us built (tiny GPT and my_transformer on cpu-8)
+            spent = time.perf_counter() - t0
+            return Solution("UNKNOWN", None, None, None, spent, len(pairs) // 4, 0, 0.0)
     # one scale for every time: the costliest choice fits in ~1e9 units
     hi = sum(max(c + m for c, m in cs) for cs in costs) + sum(p[3] for p in pairs)
     unit = hi / 1e9 if hi > 0 else 1.0
@@ -232,7 +242,8 @@ def solve(
     if deterministic:  # one worker, a fixed seed, a budget of deterministic time
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
-        solver.parameters.max_deterministic_time = max(0.05, float(time_limit_s))
+        size = len(model.proto.variables) + len(model.proto.constraints)
+        solver.parameters.max_deterministic_time = max(0.05, time_limit_s - element_s * size)
         net = 60.0 * max(1.0, float(time_limit_s))  # a net, or the caller's wall-clock limit
         if deadline is not None:
             net = min(net, max(0.05, deadline - time.perf_counter()))

@@ -463,7 +463,9 @@ def test_a_deterministic_time_limit_holds_on_the_wall_clock():
     assert wall < 5 * 1.3 + 1, (wall, p.solver["phases_s"])
     if not p.solver["deterministic"]:
         assert "wall-clock limit came before the work limit" in p.solver["stopped"]
-    assert p.status != "TIMEOUT" or wall >= 5 * 0.9  # TIMEOUT means the limit was reached
+    # TIMEOUT means the limit was reached: the work clock charges an ILP element at the top
+    # of its measured wall time (14-20 us), so the work can run ahead of the wall by 0.7x
+    assert p.status != "TIMEOUT" or wall >= 5 * 0.75
 
 
 def test_a_plan_states_a_lower_bound_no_layout_on_its_mesh_beats():
@@ -487,24 +489,22 @@ def test_a_plan_states_a_lower_bound_no_layout_on_its_mesh_beats():
     assert priced >= 2
 
 
-def test_the_search_is_no_worse_than_a_fixed_mesh_on_the_shapes_it_refined():
-    """Issue 23's item 5, as far as it holds: on every mesh shape the search refined, its
-    plan is at most 1% slower (the margin a plain standard layout gets over a search result
-    with exceptions) than the plan for that shape given by hand. Shapes a time limit left
-    seeded only can still hide a better layout (decisions.md)."""
+def test_the_search_is_no_worse_than_a_fixed_mesh():
+    """Issue 23's item 5: the plan is at most 1% slower (the margin a plain standard layout
+    gets over a search result with exceptions) than the plan for any mesh shape given by
+    hand. At this limit every near shape is refined: before, a 2x2x2 ILP took the time of
+    the 2x4 shape after it (its model cost more to build than its share), and 2x4 given by
+    hand was 1.3% faster than the plan. Shapes a tighter limit leaves seeded can still hide
+    a better layout (the CLI counts them; decisions.md)."""
     from conftest import load_model
 
     wl = load_model("gpt")
     g = al.trace(wl)
     full = al.plan(wl, "cpu-8", time_limit_s=6, deterministic=True, graph=g)
-    refined = [
-        r["mesh"]
-        for r in full.solver["mesh_shapes_tried"]
-        if r["status"] not in ("SEEDED", "SKIPPED")
-    ]
-    assert len(refined) >= 2
-    for shape in refined:
-        shape = {f"m{i}": n for i, n in enumerate(shape.values())}
-        fixed = al.plan(wl, "cpu-8", mesh=shape, time_limit_s=3, deterministic=True, graph=g)
+    tried = full.solver["mesh_shapes_tried"]
+    assert len(tried) >= 4 and not [r for r in tried if r["status"] in ("SEEDED", "SKIPPED")]
+    for r in tried:
+        shape = {f"m{i}": n for i, n in enumerate(r["mesh"].values())}
+        fixed = al.plan(wl, "cpu-8", mesh=shape, time_limit_s=2, deterministic=True, graph=g)
         if fixed.predicted["fits"]:
             assert full.predicted["step_time_s"] <= fixed.predicted["step_time_s"] * 1.01, shape
