@@ -298,8 +298,8 @@ def _summary_lines(plan) -> list[str]:
 def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
 
-    wl = load_workload(model, **parse_sets(sets))
     hw = hardware(hw_name, hw_devices)
+    wl = load_workload(model, target=hw, **parse_sets(sets))
     g = trace(wl)
     if layout:
         if mesh_text or rules_text:
@@ -432,8 +432,8 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
              deterministic, remat, pipeline, stages, microbatches, schedule, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
 
-    wl = load_workload(model, **parse_sets(sets))
     hw = hardware(hw_name, hw_devices)
+    wl = load_workload(model, target=hw, **parse_sets(sets))
     mesh = _mesh(mesh_text) if mesh_text else None
     limit = memory_limit * 2**30 if memory_limit is not None else None
     with _Progress() as progress:
@@ -504,9 +504,10 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
     """One table: the planner's layout beside DP, FSDP, Megatron, 2-D, Megatron+FSDP and
     (for convolutions) spatial partitioning."""
 
-    wl = load_workload(model, **parse_sets(sets))
+    hw = hardware(hw_name, hw_devices)
+    wl = load_workload(model, target=hw, **parse_sets(sets))
     with _Progress() as progress:
-        df = search_compare(wl, hardware(hw_name, hw_devices), time_limit_s=time_limit,
+        df = search_compare(wl, hw, time_limit_s=time_limit,
                      progress=progress)  # fmt: skip
     click.echo(
         f"{'layout':<14} {'mesh':<22} {'step s':>10} {'exposed comm':>12} {'GiB/dev':>9} "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from autolayout.core import (
     check_layout,
     hardware,
     op_layers,
+    target_mismatch,
     trace,
 )
 
@@ -176,6 +178,8 @@ def evaluate(
     """
     t0 = time.perf_counter()
     hw = hardware(hw) if isinstance(hw, str) else hw
+    if (why := target_mismatch(workload, hw.kind)) is not None:
+        warnings.warn(why, stacklevel=2)
     mesh = check_mesh(hw, mesh)
     if graph is None:
         graph = trace(workload)

@@ -35,7 +35,11 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96)) -> pd.DataFrame:
     for scan in (False, True):
         for layers in layer_counts:
             wl = al.load_workload(
-                ROOT / "models" / "gpt.py", size="gpt3-175b", layers=layers, scan=scan
+                ROOT / "models" / "gpt.py",
+                size="gpt3-175b",
+                layers=layers,
+                scan=scan,
+                attention="naive",
             )
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             t0 = time.perf_counter()

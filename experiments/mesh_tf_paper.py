@@ -108,7 +108,7 @@ def main(time_limit_s: float = 15.0) -> pd.DataFrame:
             wl = al.load_workload(
                 ROOT / "models" / "gpt.py", size="gpt3-small", layers=6, d_model=1024,
                 head_dim=256, heads=int(8 * 2**k), d_ff=int(8192 * 2**k), vocab=32768,
-                seq=256, batch=256, dtype="bfloat16",
+                seq=256, batch=256, dtype="bfloat16", attention="naive",
             )  # fmt: skip
             row = {
                 "hardware": hw.name,
@@ -148,7 +148,7 @@ def en_fr(time_limit_s: float = 30.0) -> pd.DataFrame:
         wl = al.load_workload(
             ROOT / "models" / "t5.py", size="base", layers=6, d_model=1024, head_dim=128,
             heads=int(8 * 2**k), d_ff=int(4096 * 2**k), vocab=32768, enc_seq=256, dec_seq=256,
-            batch=batch, dtype="bfloat16",
+            batch=batch, dtype="bfloat16", attention="naive",
         )  # fmt: skip
         row = {
             "case": name,

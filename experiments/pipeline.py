@@ -41,11 +41,12 @@ GPT = HERE / "models" / "gpt.py"
 def megatron_145b() -> al.Workload:
     L, h, heads, V, s, B = 80, 12288, 96, 51200, 2048, 2304
     return al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full", layers=L, d_model=h,
-                            heads=heads, head_dim=h // heads, d_ff=4 * h, vocab=V, seq=s, batch=B)  # fmt: skip
+                            heads=heads, head_dim=h // heads, d_ff=4 * h, vocab=V, seq=s, batch=B,
+                            attention="naive")  # fmt: skip
 
 
 def planned(limit: float) -> list[dict]:
-    gpt3 = al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full")
+    gpt3 = al.load_workload(GPT, size="gpt3-175b", scan=True, remat="full", attention="naive")
     rows = []
     for model, wl, hw in (("gpt3-175b", gpt3, "h100-512"), ("gpt3-175b", gpt3, "2xtpu-v5p-256"),
                           ("megatron-145.6b", megatron_145b(), "a100-80gb-1536")):  # fmt: skip

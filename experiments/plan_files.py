@@ -47,7 +47,7 @@ def digest(plan: al.Plan) -> str:
 
 def rows():
     for name in MODELS:
-        wl = al.load_workload(ROOT / "models" / f"{name}.py")
+        wl = al.load_workload(ROOT / "models" / f"{name}.py", target="cpu")  # one trace for both
         g = al.trace(wl)
         for hw in ("cpu-8", "tpu-v4-256"):
             n = al.hardware(hw).num_devices

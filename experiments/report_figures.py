@@ -24,7 +24,8 @@ def main(replot: bool = False) -> None:
     if replot:  # the figures of the committed plan file
         p = al.Plan.load(OUT / "report_plan.json")
     else:
-        wl = al.load_workload(ROOT / "models" / "gpt.py", size="gpt3-small", layers=2, batch=32)
+        wl = al.load_workload(ROOT / "models" / "gpt.py", size="gpt3-small", layers=2, batch=32,
+                              attention="naive")  # fmt: skip
         p = al.plan(wl, "tpu-v4-16", time_limit_s=20)
         p.to_json(OUT / "report_plan.json")
     for name, fig in p.figures().items():

@@ -21,8 +21,6 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autolayout.core import (
-    ATTENTION_BWD,
-    ATTENTION_FWD,
     Graph,
     MeshError,
     Plan,
@@ -37,6 +35,7 @@ from autolayout.core import (
 )
 from autolayout.cost_models import RUNNABLE, output_layouts
 
+from .kernels import CUDNN, check_kernels, run_in_place
 from .pipeline import INLINE, pipelined_scan, stage_scans
 
 
@@ -61,6 +60,7 @@ class _Interpreter:
         self.graph = graph
         self.stage_eqns: dict[str, Any] = {}  # the stack's scans as one stage traces them
         self._shardings: dict[tuple, NamedSharding] = {}
+        self.in_place = False  # cuDNN attention run as JAX's composition (runtime.kernels)
 
     def sharding(self, layout) -> NamedSharding:
         s = self._shardings.get(layout)
@@ -107,7 +107,10 @@ class _Interpreter:
                     self.pin(x, reads.get(n)) if n in reads else x
                     for x, n in zip(ins, in_names, strict=False)
                 ]
-                res = eqn.primitive.bind(*ins, **eqn.params)
+                if self.in_place and eqn.primitive.name in CUDNN:  # no cuDNN on these devices
+                    res = run_in_place(eqn.primitive.name, eqn.params, ins)
+                else:
+                    res = eqn.primitive.bind(*ins, **eqn.params)
                 outs = list(res) if eqn.primitive.multiple_results else [res]
                 outs = [
                     self.pin(x, layouts.get(n)) if n is not None else x
@@ -174,20 +177,6 @@ class _Interpreter:
         return list(jax.lax.switch(ins[0], branches, *ins[1:]))
 
 
-def check_kernels(graph: Graph, mesh: Mesh) -> None:
-    """Refuses, in one line, a step that calls a kernel these devices cannot compile: cuDNN
-    attention traces anywhere (a plan for GPUs is made on any machine) but runs on NVIDIA
-    GPUs only."""
-    platform = mesh.devices.flat[0].platform
-    cudnn = [op.name for op in graph.ops if op.primitive in ATTENTION_FWD + ATTENTION_BWD]
-    if cudnn and platform not in ("gpu", "cuda"):
-        raise PlanError(
-            f"the step calls cuDNN attention (jax.nn.dot_product_attention(implementation="
-            f"'cudnn'), {len(cudnn)} ops), which runs only on NVIDIA GPUs, and these devices are "
-            f"{platform}; to run it here call it with implementation='xla' (or None)"
-        )
-
-
 def check_inputs(plan: Plan, leaves: Sequence[Any], paths: Sequence[str]) -> None:
     """Refuses arguments that are not the ones the plan was made for."""
     if len(leaves) != len(plan.inputs):
@@ -235,7 +224,7 @@ def apply(
     paths = [path_str(p, wl.argnames) for p, _ in flat]
     check_inputs(plan, [leaf for _, leaf in flat], paths)
     graph, closed, visits = trace_with_jaxpr(wl_fn)
-    check_kernels(graph, mesh)
+    in_place = check_kernels(graph, mesh)  # a note where cuDNN attention runs as JAX's own
     if not plan.layouts:
         raise PlanError(f"the plan for {plan.model!r} holds no tensor layouts; re-run the planner")
     missing = [t for t in graph.tensors if t not in plan.layouts]
@@ -246,7 +235,13 @@ def apply(
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer, graph)
+    interp.in_place = in_place is not None
     pipe = plan.solver.get("pipeline")
+    if pipe and in_place:
+        raise PlanError(
+            f"the pipelined plan's stages call cuDNN attention, which runs only on NVIDIA GPUs, "
+            f"and these devices are {mesh.devices.flat[0].platform}: run it on GPUs"
+        )
     if pipe:
         if pipe["schedule"] not in RUNNABLE:
             raise PlanError(
@@ -272,9 +267,11 @@ def apply(
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     laid_out.__name__ = getattr(fn, "__name__", "step")
-    return jax.jit(
+    jitted = jax.jit(
         laid_out,
         in_shardings=in_shardings,
         out_shardings=out_shardings,
         donate_argnums=wl.donate_argnums,
     )
+    jitted.notes = [in_place] if in_place else []  # what runs other than as planned
+    return jitted

@@ -270,6 +270,7 @@ def run(
     if not force:
         check_runnable(plan, devices)
     step_fn = apply(plan, workload.fn, devices, workload=workload)
+    notes.extend(step_fn.notes)
     mesh = make_mesh(plan, devices)
     shardings = [NamedSharding(mesh, partition_spec(i["layout"])) for i in plan.inputs]
     tree = jax.tree_util.tree_unflatten(treedef, shardings)

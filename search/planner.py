@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from autolayout.core import (
     hardware,
     mesh_text,
     parse_remat,
+    target_mismatch,
     trace,
 )
 from autolayout.core import remat as remat_workload
@@ -119,6 +121,9 @@ def plan(
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    if (why := target_mismatch(workload, hw.kind)) is not None:
+        warnings.warn(why, stacklevel=2)
     kw = dict(mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, share=share,
               progress=progress, prune=prune, full_limit=full_limit,
               refine_shapes=refine_shapes, objective=objective, deterministic=deterministic)  # fmt: skip

@@ -92,11 +92,40 @@ def test_notes_say_what_a_tpu_plan_assumes():
     assert "only on NVIDIA GPUs" in note and "Pallas" in note
 
 
-def test_applying_cudnn_attention_on_cpu_is_refused_in_one_line():
+def test_cudnn_attention_runs_on_cpu_devices_as_jaxs_own_composition():
+    """A step built for GPUs is laid out and run on CPU devices: its cuDNN attention runs as
+    jax.nn.dot_product_attention(implementation="xla") in its place, so the laid-out step's
+    gradients are the XLA-attention step's, computed unsharded; apply says so."""
     wl = _step("cudnn")
+    p = al.evaluate(wl, "cpu-4", mesh={"data": 2, "model": 2},
+                    rules={"batch": "data", "kv_heads": "model"})  # fmt: skip
+    keys = jax.random.split(jax.random.key(0), 4)
+    args = [jax.random.normal(k, a.shape, jnp.float32).astype(a.dtype) / 4
+            for k, a in zip(keys, wl.args, strict=True)]  # fmt: skip
+    f = al.apply(p, wl.fn, jax.devices()[:4])
+    assert len(f.notes) == 1 and "JAX's own composition" in f.notes[0]
+    got = f(*args)
+    want = jax.jit(_step("xla").fn)(*args)
+    for g, w in zip(got, want, strict=True):
+        g, w = g.astype(jnp.float32), w.astype(jnp.float32)
+        assert float(jnp.max(jnp.abs(g - w))) <= 0.02 * float(jnp.max(jnp.abs(w))) + 1e-3
+
+
+def test_cudnn_attention_with_a_bias_is_refused_on_cpu_in_one_line():
+    """The composition stands in for the masks JAX's own attention takes (none, causal);
+    a bias is refused where the step runs, naming it."""
+
+    def step(q, k, v, b):
+        f = lambda q: jax.nn.dot_product_attention(q, k, v, bias=b, implementation="cudnn")  # noqa: E731
+        return jax.grad(lambda q: f(q).astype(jnp.float32).sum())(q)
+
+    x = al.spec((4, 128, 4, 64), ("batch", "seq", "heads", "head_dim"), jnp.bfloat16)
+    b = al.spec((4, 4, 128, 128), ("batch", "heads", "seq", "keys"), jnp.bfloat16)
+    wl = al.Workload(step, (x, x, x, b))
     p = al.evaluate(wl, "cpu-4", mesh={"data": 4}, rules={"batch": "data"})
-    with pytest.raises(al.PlanError, match="runs only on NVIDIA GPUs.*implementation='xla'"):
-        al.apply(p, wl.fn, jax.devices()[:4])
+    f = al.apply(p, wl.fn, jax.devices()[:4])
+    with pytest.raises(al.PlanError, match="runs only on NVIDIA GPUs.*its bias"):
+        f.lower(*wl.args)
 
 
 def test_llama_with_cudnn_attention_needs_far_less_memory_than_naive_attention():
@@ -135,3 +164,30 @@ def test_a_pallas_kernel_is_priced_from_its_cost_estimate_and_kept_whole():
     assert all(r["strategy"] == "" for r in rows)
     fwd = next(r for r in rows if r["op"] == priced[0].name)
     assert fwd["bytes"] == priced[0].param("bytes_accessed") and fwd["compute_s"] > 0
+
+
+def test_the_example_transformers_run_the_fused_kernel_on_the_hardware_they_are_built_for():
+    """attention="auto" (the default): cuDNN's fused kernel when the step is built for a GPU
+    or TPU in 16 bits (`al.load_workload(..., target=)`, what `autolayout plan --hw` passes),
+    the materialised scores on a CPU or in float32; the options record the resolved kind;
+    a step built for one kind of chip and priced on another is said in one line."""
+    from conftest import MODELS
+
+    def built(model, target=None, **options):
+        return al.load_workload(MODELS / f"{model}.py", target=target, dtype="bfloat16",
+                                **options)  # fmt: skip
+
+    for model in ("gpt", "moe", "t5"):
+        wl = built(model, "h100-8")
+        assert wl.options["attention"] == "cudnn" and wl.loaded_for == "gpu"
+        assert _kernels(al.trace(wl)), model
+        assert built(model, "tpu-v4-8").options["attention"] == "cudnn"
+        assert built(model, "cpu").options["attention"] == "naive"
+    assert al.target() == "cpu"  # this machine's devices, outside a load
+    f32 = al.load_workload(MODELS / "gpt.py", target="h100-8", dtype="float32")
+    assert f32.options["attention"] == "naive"  # cuDNN takes no float32
+    wl = built("gpt", "cpu")
+    with pytest.warns(UserWarning, match="built for cpu devices.*priced on gpu.*target="):
+        al.evaluate(wl, "h100-8", mesh={"data": 8}, rules={"batch": "data"})
+    with pytest.raises(al.WorkloadError, match="target must be"):
+        al.load_workload(MODELS / "gpt.py", target=8)

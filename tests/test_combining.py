@@ -34,7 +34,9 @@ def test_a_combined_collective_pays_its_share_of_the_latency():
 
 
 def test_gradient_all_reduces_under_dp_on_gpus_are_combined():
-    wl = al.load_workload("experiments/models/gpt.py", size="gpt3-small", batch=64)
+    wl = al.load_workload(
+        "experiments/models/gpt.py", size="gpt3-small", batch=64, attention="naive"
+    )
     g = al.trace(wl)
     mesh, rules = standard_layout(g, "dp", 64)
     p = al.evaluate(wl, "h100-64", mesh=mesh, rules=rules, graph=g)

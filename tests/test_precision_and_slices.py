@@ -71,7 +71,7 @@ def test_two_slices_price_maxtexts_layout_on_dcn_and_the_planner_matches_it():
     """MaxText's multi-slice layout: data parallelism across the slices (on DCN), FSDP
     inside each. The same layout on one slice of as many chips has no DCN to cross."""
     wl = al.load_workload("experiments/models/gpt.py", size="gpt3-xl", scan=True, remat="full",
-                          batch=512)  # fmt: skip
+                          batch=512, attention="naive")  # fmt: skip
     mesh = {"data": 2, "fsdp": 128}
     rules = {"batch": ("data", "fsdp"), "d_model": "fsdp"}
     two = al.evaluate(wl, "2xtpu-v5p-256", mesh=mesh, rules=rules).predicted

@@ -251,7 +251,9 @@ def test_deterministic_plan_stays_near_its_work_limit():
     (CP-SAT's deterministic time leaves it out): GPT-3 shapes at 2 layers with 1 GiB a
     device (nothing fits, so the least-memory ILPs run) at a 10 s limit took 48 s of wall
     time when only the solver's time was counted; measured 6.8 s with the build counted."""
-    wl = al.load_workload(f"{MODELS}/gpt.py", size="gpt3-175b", layers=2, remat="full")
+    wl = al.load_workload(
+        f"{MODELS}/gpt.py", size="gpt3-175b", layers=2, remat="full", attention="naive"
+    )
     t0 = time.perf_counter()
     p = al.plan(wl, "tpu-v4-1024", time_limit_s=10, memory_limit=2**30, deterministic=True)
     wall = time.perf_counter() - t0
@@ -272,7 +274,9 @@ def test_infeasible_plan_needs_no_more_than_the_greedy_descent_on_any_shape():
     # GPT-3 shapes, 2 layers, 1 GiB per device: no layout fits. The hand seeds rank the
     # shapes badly here (the best hand seed's shape is not where the greedy descent gets
     # least); before the sweep the plan reported 24.7 GB where 23.8 GB was reachable
-    wl = al.load_workload(f"{MODELS}/gpt.py", size="gpt3-175b", layers=2, remat="full")
+    wl = al.load_workload(
+        f"{MODELS}/gpt.py", size="gpt3-175b", layers=2, remat="full", attention="naive"
+    )
     limit = 2**30
     p = al.plan(wl, "tpu-v4-1024", memory_limit=limit, time_limit_s=10)
     assert p.status == "INFEASIBLE"
@@ -412,7 +416,7 @@ def test_moe_with_many_experts_and_a_big_ffn_uses_an_experts_axis():
     """64 experts with d_ff 16384 on tpu-v4-256: expert parallelism beats tensor-parallel
     d_ff (the planner's choice before it had expert seeds: 0.043 s against 0.029 s), and the
     tokens move to the experts and back by all-to-all."""
-    wl = al.load_workload(f"{MODELS}/moe.py", size="base", layers=2, d_ff=16384)
+    wl = al.load_workload(f"{MODELS}/moe.py", size="base", layers=2, d_ff=16384, attention="naive")
     p = al.plan(wl, "tpu-v4-256", time_limit_s=15)  # the expert seeds are priced first
     w1 = next(i for i in p.inputs if i["path"] == "params/layers/0/w1")
     assert w1["dims"][0] == "experts" and w1["layout"][0], w1
@@ -424,7 +428,9 @@ def test_moe_with_few_experts_and_a_small_ffn_keeps_them_whole():
     """8 experts with d_ff 1024 on tpu-v4-256: the expert-parallel seeds are priced 4-16%
     slower than FSDP on every mesh shape (the all-to-alls cost more than gathering the small
     expert weights), so the plan keeps the experts whole and moves no tokens."""
-    wl = al.load_workload(f"{MODELS}/moe.py", size="base", layers=2, experts=8, d_ff=1024)
+    wl = al.load_workload(
+        f"{MODELS}/moe.py", size="base", layers=2, experts=8, d_ff=1024, attention="naive"
+    )
     # deterministic: under load the wall-clock search once found a layout 1e-7 s faster with
     # one small all-to-all (fresh-clone CI, 2026-12-04 evening); the claim is the cost model's
     p = al.plan(wl, "tpu-v4-256", time_limit_s=10, deterministic=True)

@@ -72,3 +72,5 @@ from ._workload import load_workload as load_workload
 from ._workload import name_dims as name_dims
 from ._workload import path_str as path_str
 from ._workload import spec as spec
+from ._workload import target as target
+from ._workload import target_mismatch as target_mismatch

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ._errors import ModelFileError, WorkloadError
+from ._hardware import hardware
 
 
 class Spec(jax.ShapeDtypeStruct):
@@ -207,8 +208,51 @@ class Workload:
         return tuple(_argnames(self.fn, len(self.args)))
 
 
-def load_workload(path: str | Path, **options: Any) -> Workload:
+_TARGET: list[str | None] = [None]  # the kind of hardware a model is being loaded for
+KINDS = ("gpu", "tpu", "cpu")
+_TARGET_READS = [0]  # calls of target(): whether a model file asked while it was loaded
+
+
+def target() -> str:
+    """The kind of chip (``"gpu"``, ``"tpu"`` or ``"cpu"``) the step is being built for: the
+    ``target`` given to :func:`load_workload` (``autolayout plan --hw`` gives its profile's),
+    else the devices this process runs on. A model file reads it to pick what that hardware
+    runs, e.g. fused attention on accelerators and the einsum composition on a CPU::
+
+        impl = "cudnn" if al.target() == "gpu" else "xla"
+    """
+    _TARGET_READS[0] += 1
+    if _TARGET[0] is not None:
+        return _TARGET[0]
+    backend = jax.default_backend()
+    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend if backend in KINDS else "cpu"
+
+
+def _asked(reads: int) -> str | None:
+    """What :func:`target` answered, where it was asked since ``reads`` calls."""
+    return target() if _TARGET_READS[0] > reads else None
+
+
+def _target_kind(target: Any) -> str:
+    """A kind from a kind, a profile name or a ``Hardware``."""
+    if isinstance(target, str) and target in KINDS:
+        return target
+    if isinstance(target, str):  # a profile name or file
+        target = hardware(target)
+    kind = getattr(target, "kind", None)
+    if kind not in KINDS:
+        raise WorkloadError(
+            f"target must be 'gpu', 'tpu', 'cpu', a hardware profile or its name, got {target!r}"
+        )
+    return kind
+
+
+def load_workload(path: str | Path, *, target: Any = None, **options: Any) -> Workload:
     """Imports a model file and calls its ``workload(**options)``.
+
+    ``target``: the hardware the model is loaded for (a profile name such as ``"h100-64"``, a
+    ``Hardware``, or ``"gpu"``/``"tpu"``/``"cpu"``); what :func:`target` answers while the
+    model file builds its step (default: this process's devices).
 
     Raises :class:`ModelFileError` (one line, naming the file) when the file does not exist,
     cannot be imported, defines no ``workload``, raises, or returns something else.
@@ -217,6 +261,7 @@ def load_workload(path: str | Path, **options: Any) -> Workload:
       >>> import autolayout as al
       >>> wl = al.load_workload("experiments/models/mlp.py", size="tiny")  # doctest: +SKIP
     """
+    kind = None if target is None else _target_kind(target)
     p = Path(path)
     if not p.is_file():
         raise ModelFileError(f"model file {str(path)!r} does not exist")
@@ -245,15 +290,34 @@ def load_workload(path: str | Path, **options: Any) -> Workload:
         raise ModelFileError(
             f"{path} defines no workload() function; a model file must define workload(**options) -> al.Workload"
         )
+    saved, _TARGET[0] = _TARGET[0], kind
+    reads = _TARGET_READS[0]
     try:
         wl = fn(**options)
+        loaded_for = _asked(reads)
     except Exception as e:
         shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
         raise ModelFileError(f"{path}: workload({shown}) raised {type(e).__name__}: {e}") from e
+    finally:
+        _TARGET[0] = saved
     if not isinstance(wl, Workload):
         raise ModelFileError(
             f"{path}: workload() returned {type(wl).__name__}, expected al.Workload"
         )
     if not wl.options:
         object.__setattr__(wl, "options", dict(options))
+    object.__setattr__(wl, "loaded_for", loaded_for)
     return wl
+
+
+def target_mismatch(wl: Workload, kind: str) -> str | None:
+    """One line when ``wl``'s model file built its step for another kind of chip (it read
+    :func:`target`) than the hardware it is priced on, else ``None``."""
+    loaded = getattr(wl, "loaded_for", None)
+    if loaded is None or loaded == kind:
+        return None
+    return (
+        f"{wl.name} was built for {loaded} devices (its model file asked al.target()) and is "
+        f"priced on {kind}: load it with al.load_workload(..., target=<the hardware>) to "
+        f"trace what that hardware runs"
+    )

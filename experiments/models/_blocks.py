@@ -58,7 +58,23 @@ def attention_specs(d: int, h: int, k: int, dt: Any, kv_heads: int | None = None
     }
 
 
-ATTENTION = ("naive", "xla", "cudnn")
+ATTENTION = ("auto", "naive", "xla", "cudnn")
+
+
+def attention_for(kind: str, dtype: Any = None) -> str:
+    """``auto`` (the example transformers' default): the fused kernel where the step is
+    built for the accelerators people train on and in 16 bits, traced as
+    ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention on
+    NVIDIA GPUs; for a TPU it stands for the splash-style kernel a TPU job runs, priced
+    alike); elsewhere the materialised-scores einsums (a CPU runs those; cuDNN takes no
+    float32). ``al.target()`` says which hardware: the ``--hw`` a plan is made for, else
+    this machine's devices. The resolved kind is what the plan file records."""
+    if kind not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {kind!r}")
+    if kind != "auto":
+        return kind
+    sixteen = dtype is None or jnp.dtype(dtype).itemsize == 2
+    return "cudnn" if sixteen and al.target() in ("gpu", "tpu") else "naive"
 
 
 def rope(x: jax.Array) -> jax.Array:
@@ -82,11 +98,11 @@ def attention(
 ) -> jax.Array:
     """Multi-head (or grouped-query) attention; weights as :func:`attention_specs` makes them.
 
-    ``kind``: ``naive`` materialises the scores with einsums (what the H200 table measured),
+    ``kind``: ``auto`` as :func:`attention_for` resolves it; ``naive`` materialises the
+    scores with einsums (what the H200 table measured),
     ``xla`` and ``cudnn`` call ``jax.nn.dot_product_attention`` with that implementation
     (cuDNN flash attention runs on NVIDIA GPUs only; the planner prices it anywhere)."""
-    if kind not in ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {kind!r}")
+    kind = attention_for(kind, x.dtype)
     src = x if kv is None else kv
     q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
     k = jnp.einsum("btd,dhk->bthk", src, p["wk"])

@@ -6,12 +6,14 @@
 Options: ``size`` (a preset below), any of its fields to override (``layers``, ``d_model``,
 ``heads``, ``head_dim``, ``d_ff``, ``vocab``, ``seq``, ``batch``), ``mlp`` (gelu, relu, swiglu),
 ``remat`` (none, minimal, full), ``scan`` (stack the layers with ``lax.scan``), ``dtype``
-(float32 for the tiny sizes, bfloat16 for the others by default), ``attention`` (``naive``:
-einsums that materialise the scores; ``xla`` / ``cudnn``: ``jax.nn.dot_product_attention``
-with that implementation, cuDNN's flash kernel running on NVIDIA GPUs only). The ``llama*``
-sizes are Llama's block: grouped-query attention (``kv_heads``), rotary positions, SwiGLU:
+(float32 for the tiny sizes, bfloat16 for the others by default), ``attention`` (``auto``,
+the default: the fused kernel when the step is built for a GPU or TPU in 16 bits, else
+``naive``; ``naive``: einsums that materialise the scores; ``xla`` / ``cudnn``:
+``jax.nn.dot_product_attention`` with that implementation, cuDNN's flash kernel running on
+NVIDIA GPUs only). The ``llama*`` sizes are Llama's block: grouped-query attention
+(``kv_heads``), rotary positions, SwiGLU:
 
-    autolayout plan experiments/models/gpt.py --hw h100-64 --set size=llama3-8b --set scan=true --set attention=cudnn
+    autolayout plan experiments/models/gpt.py --hw h100-64 --set size=llama3-8b --set scan=true
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def workload(
     remat: str = "none",
     scan: bool = False,
     dtype: str | None = None,
-    attention: str = "naive",
+    attention: str = "auto",
     **overrides,
 ) -> al.Workload:
     c = nn.config(SIZES, size, overrides, "size, mlp, remat, scan, dtype, attention")
@@ -79,6 +81,7 @@ def workload(
     if llama:  # Llama's block: grouped-query attention, rotary positions, SwiGLU
         mlp = "swiglu"
     dt = nn.dtype_of(dtype or ("float32" if size in ("tiny", "llama-tiny") else "bfloat16"))
+    attention = nn.attention_for(attention, dt)
     L, d, V, S, B = c["layers"], c["d_model"], c["vocab"], c["seq"], c["batch"]
     layer = layer_specs(c, mlp, dt)
     params = {

@@ -9,6 +9,8 @@ einsums (``dispatch [batch, seq, experts, capacity]``), each expert runs its own
     autolayout trace experiments/models/moe.py --set size=base --set experts=64
 
 ``scan=true`` stacks the layers and runs them with ``lax.scan`` (the balance loss is carried).
+``attention``: ``auto`` (the fused kernel when built for a GPU or TPU in 16 bits, else
+``naive``), ``naive``, ``xla`` or ``cudnn``, as in ``gpt.py``.
 """
 
 from __future__ import annotations
@@ -63,12 +65,13 @@ def workload(
     size: str = "tiny",
     capacity_factor: float = 1.25,
     dtype: str | None = None,
-    attention: str = "naive",
+    attention: str = "auto",
     scan: bool = False,
     **overrides,
 ) -> al.Workload:
     c = nn.config(SIZES, size, overrides, "size, capacity_factor, dtype, attention, scan")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    attention = nn.attention_for(attention, dt)
     L, d, h, k, f, E, V, S, B = (
         c[n]
         for n in (

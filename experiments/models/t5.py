@@ -6,6 +6,8 @@ and across to the encoder's output; embeddings are shared. Sizes follow T5 1.1.
     autolayout trace experiments/models/t5.py --set size=base
 
 ``scan=true`` stacks each side's layers and runs them with ``lax.scan`` (two stacks).
+``attention``: ``auto`` (the fused kernel when built for a GPU or TPU in 16 bits, else
+``naive``), ``naive``, ``xla`` or ``cudnn``, as in ``gpt.py``.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ SIZES = {
 def workload(
     size: str = "tiny",
     dtype: str | None = None,
-    attention: str = "naive",
+    attention: str = "auto",
     scan: bool = False,
     **overrides,
 ) -> al.Workload:
     c = nn.config(SIZES, size, overrides, "size, dtype, attention, scan")
     dt = nn.dtype_of(dtype or ("float32" if size == "tiny" else "bfloat16"))
+    attention = nn.attention_for(attention, dt)
     L, d, h, k, f, V = (c[n] for n in ("layers", "d_model", "heads", "head_dim", "d_ff", "vocab"))
     Se, Sd, B = c["enc_seq"], c["dec_seq"], c["batch"]
 
