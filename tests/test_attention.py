@@ -110,6 +110,24 @@ def test_cudnn_attention_runs_on_cpu_devices_as_jaxs_own_composition():
         g, w = g.astype(jnp.float32), w.astype(jnp.float32)
         assert float(jnp.max(jnp.abs(g - w))) <= 0.02 * float(jnp.max(jnp.abs(w))) + 1e-3
 
+    def forward(impl):  # inference: cuDNN's forward alone (no log-sum-exp kept)
+        def f(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+
+        return f
+
+    q = jax.random.normal(keys[0], (B, T, N, H), jnp.bfloat16)
+    kv = jax.random.normal(keys[1], (B, T, K, H), jnp.bfloat16)
+    dims = ("batch", "seq", "heads", "head_dim"), ("batch", "seq", "kv_heads", "head_dim")
+    specs = [
+        al.spec(x.shape, d, x.dtype) for x, d in zip((q, kv, kv), (*dims, dims[1]), strict=True)
+    ]
+    fwd = al.Workload(forward("cudnn"), specs)
+    p = al.evaluate(fwd, "cpu-4", mesh={"data": 4}, rules={"batch": "data"})
+    got = al.apply(p, fwd.fn, jax.devices()[:4])(q, kv, kv).astype(jnp.float32)
+    want = jax.jit(forward("xla"))(q, kv, kv).astype(jnp.float32)
+    assert float(jnp.max(jnp.abs(got - want))) <= 0.02 * float(jnp.max(jnp.abs(want)))
+
 
 def test_cudnn_attention_with_a_bias_is_refused_on_cpu_in_one_line():
     """The composition stands in for the masks JAX's own attention takes (none, causal);
