@@ -178,8 +178,8 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     # measured (MiB per device, predicted / compiled), as written, nothing_saveable,
     # dots_saveable: GPT 104.1 / 113.1, 40.5 / 41.0, 51.0 / 49.3; T5 104.2 / 126.9, 48.0 /
     # 49.7; MoE 119.9 / 135.7, 64.6 / 72.2. Compiled fall over predicted fall: GPT 0.93,
-    # 0.89; T5 0.85 (XLA:CPU materialises T5's mask broadcasts as written: its base is the
-    # one 18% over); MoE 0.99. docs/decisions.md has the single-device and library-fusion runs
+    # 0.89; T5 0.85 (its base is the one 18% over: XLA:CPU schedules every loop's
+    # zero-initialised stacks, the backward scans' too, before the first loop); MoE 0.99. docs/decisions.md has the single-device and library-fusion runs
     assert base_temp / base_act == pytest.approx(1, abs=0.3)
     for policy, t in zip(policies, temps, strict=True):
         w = al.remat(wl, policy)
