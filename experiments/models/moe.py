@@ -130,7 +130,7 @@ def workload(
         return {"tokens": toks[:, :-1], "targets": toks[:, 1:]}
 
     options = dict(
-        size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name, capacity=capacity,
+        size=size, capacity_factor=capacity_factor, dtype=jnp.dtype(dt).name,
         attention=attention, scan=scan, **c,
     )  # fmt: skip
     return al.train_workload(
