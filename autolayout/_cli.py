@@ -416,7 +416,7 @@ def _plan_options(f):
               help="The same plan on every run: the time limit counts solver work, not seconds.")  # fmt: skip
 @click.option("--remat", default="auto", show_default=True,
               help="auto (the step as written where it fits, else the fastest remat policy that "
-                   "fits), as_written, or a policy: nothing_saveable, dots_saveable, "
+                   "fits: each searched for a fifth of --time-limit, the best in full), as_written, or a policy: nothing_saveable, dots_saveable, "
                    "dots_with_no_batch_dims_saveable, each with +regather (weights gathered again "
                    "in the backward pass), or regather.")  # fmt: skip
 @click.option("--pipeline", is_flag=True,
@@ -468,15 +468,16 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     rm = p.solver.get("remat")
     if rm and (rm["policy"] != "as_written" or rm["tried"]):
         tried_text = "; ".join(
-            f"{t['policy']}: {t['memory_bytes_per_device'] / 2**30:.1f} GiB, {t['step_time_s']:.4g} s"
+            f"{t['policy']}: {t['step_time_s']:.4g} s, {t['memory_bytes_per_device'] / 2**30:.1f} GiB"
+            + ("" if t["fits"] else " (does not fit)")
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
         click.echo(
             f"remat: {rm['policy']} (the step as written does not fit), recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
             + (
-                f"; ranked on the as-written plan's mesh and rules, before the full search: "
-                f"{tried_text}"
+                f"; each policy searched for {rm.get('ranked_s', 0):.3g} s, then the fastest "
+                f"that fits in full: {tried_text}"
                 if tried_text
                 else ""
             )
