@@ -158,20 +158,3 @@ def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
             f"cuDNN attention ({n} kernels) priced at {rate}: set efficiency.attention in {hw.source}"
         )
     return notes
-    e = hw.efficiency
-    rate = (
-        f"{e.attention} of peak"
-        if e.attention is not None
-        else f"the matmul efficiency {e.matmul} (not measured for attention)"
-    )
-    if hw.kind != "gpu":
-        return [
-            f"the step calls cuDNN attention ({n} kernels), which runs only on NVIDIA GPUs: "
-            f"priced as {hw.kind.upper()} fused attention at {rate}; on a TPU call a Pallas "
-            "flash/splash kernel (jax.experimental.pallas.ops.tpu) to run it"
-        ]
-    if e.attention is None:
-        return [
-            f"cuDNN attention ({n} kernels) priced at {rate}: set efficiency.attention in {hw.source}"
-        ]
-    return []

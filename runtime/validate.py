@@ -118,12 +118,6 @@ def hlo_collectives(hlo: str) -> list[HloCollective]:
     return [HloCollective(k, b, g, c, count(c)) for k, b, g, c in found if g > 1]
 
 
-def compile_plan(plan: Plan, workload: Workload, devices: Sequence[Any] | None = None):
-
-    f = apply(plan, workload.fn, devices, workload=workload)
-    return f.lower(*workload.args).compile()
-
-
 def _cost(compiled: Any) -> dict[str, float]:
     ca = compiled.cost_analysis()
     if isinstance(ca, list):

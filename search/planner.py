@@ -236,13 +236,13 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         return first
     # the chosen step searched in full, on the graph its ranking traced; the ranking's own
     # plan where the full search (wall-clock, under load) came out slower
-    chosen = plan(best[1], hw, graph=best[2].graph, **kw)
     ranked = best[2]
-    if chosen.status == "INFEASIBLE" or (
-        ranked.status != "INFEASIBLE"
-        and ranked.predicted["step_time_s"] < chosen.predicted["step_time_s"]
+    chosen = plan(best[1], hw, graph=ranked.graph, **kw)
+    if ranked.status != "INFEASIBLE" and (
+        chosen.status == "INFEASIBLE"
+        or ranked.predicted["step_time_s"] < chosen.predicted["step_time_s"]
     ):
-        chosen = ranked if ranked.status != "INFEASIBLE" else chosen
+        chosen = ranked
     chosen.solver["remat"]["tried"] = tried
     chosen.solver["remat"]["ranked_s"] = short["time_limit_s"]
     return chosen
