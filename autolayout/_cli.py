@@ -270,7 +270,7 @@ def _summary_lines(plan) -> list[str]:
         f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
         f"{s['step_time_no_overlap_s']:.4g} s)",
         f"MFU {s['mfu']:.3f}, memory {s['memory_bytes_per_device'] / gib:.3f} GiB per device of "
-        f"{s['memory_limit_bytes'] / gib:.1f} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
+        f"{s['memory_limit_bytes'] / gib:.3g} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
 
     return [
@@ -468,7 +468,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     rm = p.solver.get("remat")
     if rm and (rm["policy"] != "as_written" or rm["tried"]):
         tried_text = "; ".join(
-            f"{t['policy']}: {t['step_time_s']:.4g} s, {t['memory_bytes_per_device'] / 2**30:.1f} GiB"
+            f"{t['policy']}: {t['step_time_s']:.4g} s, {t['memory_bytes_per_device'] / 2**30:.3g} GiB"
             + ("" if t["fits"] else " (does not fit)")
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
@@ -476,8 +476,13 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             f"remat: {rm['policy']} (the step as written does not fit), recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
             + (
-                f"; each policy searched for {rm.get('ranked_s', 0):.3g} s, then the fastest "
-                f"that fits in full: {tried_text}"
+                f"; each policy searched for {rm.get('ranked_s', 0):.3g} s, then "
+                + (
+                    "the fastest that fits"
+                    if p.predicted["fits"]
+                    else "none fits: the least memory"
+                )
+                + f" in full: {tried_text}"
                 if tried_text
                 else ""
             )
