@@ -71,10 +71,15 @@ def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
 
 
 @per_graph
-def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int]]:
+def lifetimes(
+    g: Graph, donated: Sequence[str] = (), stacks_at_start: bool = False
+) -> list[tuple[str, int, int]]:
     """``(tensor, first op index, last op index)`` of every buffer the step allocates: op
     results from the op that writes them to their last reader (the step's outputs to the
-    end), inputs and outputs that reuse a donated input left out."""
+    end), inputs and outputs that reuse a donated input left out. ``stacks_at_start``: every
+    scan's stacked outputs are allocated at the step's start (the hardware profile's
+    ``efficiency.scan_stacks_at_start``: XLA:CPU's scheduler puts their zero fill before
+    the first loop), else from their loop's first body op."""
     aliased = set(aliased_outputs(g, donated))
     fused = fused_ops(g)
     outputs = set(g.outputs)
@@ -126,7 +131,10 @@ def lifetimes(g: Graph, donated: Sequence[str] = ()) -> list[tuple[str, int, int
     out = []
     for i, op in enumerate(g.ops):
         born = start.get(op.name, i) if op.primitive in LOOP_OPS else i
-        for t in op.outputs:
+        stacked = op.param("num_carry", 0) if stacks_at_start and op.primitive == "scan" else None
+        for k, t in enumerate(op.outputs):
+            if stacked is not None and k >= stacked:
+                born = 0
             if t in inputs or t in aliased or t in source or g.tensors[t].role == "input":
                 continue
             out.append((t, born, max(last.get(t, i), i)))  # never read: freed right after
@@ -172,19 +180,23 @@ def liveness_peak(
     donated: Sequence[str] = (),
     copies: Sequence[tuple[int, int, int]] = (),
     lives: Sequence[tuple[str, int, int]] | None = None,
+    stacks_at_start: bool = False,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
     ``(first op index, last op index, bytes)`` (a tensor resharded for its readers: FSDP's
     gathered weights live from the first reader to the last). ``lives`` is
-    :func:`lifetimes` when the caller already has it (the search walks one graph often)."""
+    :func:`lifetimes` when the caller already has it (the search walks one graph often),
+    ``stacks_at_start`` as there."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
         resident[c] = resident.get(c, 0) + nbytes(t)
     n = len(g.ops)
     delta = [0] * (n + 2)
-    for t, first, last in lifetimes(g, donated) if lives is None else lives:
+    if lives is None:
+        lives = lifetimes(g, donated, stacks_at_start)
+    for t, first, last in lives:
         b = nbytes(t)
         delta[first] += b
         delta[last + 1] -= b

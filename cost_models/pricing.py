@@ -87,7 +87,13 @@ def price(
     model_flops = _model_flops(g)
     nbytes = _bytes_of(g, mesh)
     copies = [(a, b, nbytes(t, w)) for (t, w), (a, b) in spans.items()]
-    mem = liveness_peak(g, lambda t: nbytes(t, layouts[t]), donated, copies)
+    mem = liveness_peak(
+        g,
+        lambda t: nbytes(t, layouts[t]),
+        donated,
+        copies,
+        stacks_at_start=hw.efficiency.scan_stacks_at_start,
+    )
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices
     predicted = {

@@ -270,7 +270,12 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
     donated = donated_inputs(workload, graph)
     ta = time.perf_counter()
-    st = analyse(graph, share=share, donated=donated)
+    st = analyse(
+        graph,
+        share=share,
+        donated=donated,
+        stacks_at_start=hw.efficiency.scan_stacks_at_start,
+    )
     clock().mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
     deadline = (now() if clock().deterministic else t0) + time_limit_s

@@ -67,6 +67,12 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "and out of the stack)",
             False,
         ),
+        "scan_stacks_at_start": (
+            "bool",
+            "the compiler allocates every scan's stacked outputs at the step's start (their "
+            "zero fill scheduled before the first loop), not at their loop",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -167,6 +173,7 @@ class Efficiency:
     conv3d: float | None = None  # 3-D convolutions' fraction of peak; None: matmul's
     kernel_s: float = 0.0  # per kernel that writes HBM, beyond its roofline (launch, tail)
     scan_stack_passes: float = 0.0  # HBM passes over residuals a scan stacks for a later loop
+    scan_stacks_at_start: bool = False  # every scan's stacked outputs allocated at the start
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -268,6 +275,10 @@ class Hardware:
             lines.append(
                 f"  overheads    {e.kernel_s * 1e6:.1f} us a kernel, {e.scan_stack_passes:g} HBM "
                 "passes over a scan's stacked residuals"
+            )
+        if e.scan_stacks_at_start:
+            lines.append(
+                "  memory       every scan's stacked outputs allocated at the step's start"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -520,6 +531,7 @@ def _build(
         e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"],
         e.get("attention"), e.get("attention_call_s", 0.0), e.get("conv3d"),
         e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
+        e.get("scan_stacks_at_start", False),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
