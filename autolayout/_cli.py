@@ -349,7 +349,7 @@ def _pipeline_lines(p) -> list[str]:
         def side(d):
             fits = "fits" if d["fits"] else "does not fit"
             return (f"{mesh_text(d['mesh'])}: {d['step_time_s']:.4g} s, MFU {d['mfu']:.3f}, "
-                    f"{d['memory_bytes_per_device'] / 2**30:.1f} GiB ({fits})")  # fmt: skip
+                    f"{d['memory_bytes_per_device'] / 2**30:.3g} GiB ({fits})")  # fmt: skip
 
         if ch["with"] and ch["without"]:
             won = "with" if pipe else "without"
@@ -417,8 +417,10 @@ def _plan_options(f):
 @click.option("--remat", default="auto", show_default=True,
               help="auto (the step as written where it fits, else the fastest remat policy that "
                    "fits: each searched for a fifth of --time-limit, the best in full), as_written, or a policy: nothing_saveable, dots_saveable, "
-                   "dots_with_no_batch_dims_saveable, each with +regather (weights gathered again "
-                   "in the backward pass), or regather.")  # fmt: skip
+                   "dots_with_no_batch_dims_saveable, save_only_these_names:NAME,NAME (values "
+                   "tagged with jax.ad_checkpoint.checkpoint_name; auto tries the step's tags), "
+                   "each with +regather (weights gathered again in the backward pass), or "
+                   "regather.")  # fmt: skip
 @click.option("--pipeline", is_flag=True,
               help="Also try pipeline stages: a scanned layer stack split over a 'stage' axis "
                    "(the slowest links), the batch cut into microbatches.")  # fmt: skip
@@ -444,8 +446,8 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(
-            f"no layout found fits in {p.predicted['memory_limit_bytes'] / 2**30:.1f} GiB per "
-            f"device; the least memory found needs {need / 2**30:.2f} GiB (shown below)",
+            f"no layout found fits in {p.predicted['memory_limit_bytes'] / 2**30:.3g} GiB per "
+            f"device; the least memory found needs {need / 2**30:.3g} GiB (shown below)",
             err=True,
         )
         copies = p.predicted["memory_by_category"].get("copies", 0)
@@ -473,7 +475,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
         click.echo(
-            f"remat: {rm['policy']} (the step as written does not fit), recomputing "
+            f"remat: {rm['policy']} "
+            + ("(the step as written does not fit)" if rm["tried"] else "(as given)")
+            + ", recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
             + (
                 f"; each policy searched for {rm.get('ranked_s', 0):.3g} s, then "
@@ -522,7 +526,7 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
     for r in df[df.status != "SKIPPED"].itertuples():
         click.echo(
             f"{r.layout:<14} {r.mesh:<22} {r.step_time_s:>10.4g} {r.exposed_comm_share:>12.1%} "
-            f"{r.memory_gib:>9.2f} {'yes' if r.fits else 'NO':>5} {r.mfu:>6.3f}"
+            f"{r.memory_gib:>9.3g} {'yes' if r.fits else 'NO':>5} {r.mfu:>6.3f}"
         )
     for r in df[df.status == "SKIPPED"].itertuples():
         click.echo(_fit(f"{r.layout:<14} not priced: {r.note}", _width()))

@@ -38,9 +38,11 @@ from autolayout.core import (
     Plan,
     PlanError,
     Workload,
+    checkpoint_names,
     gc_paused,
     hardware,
     mesh_text,
+    names_policy,
     parse_remat,
     target_mismatch,
     trace,
@@ -208,14 +210,17 @@ RANK_SHARE, RANK_MIN_S = 0.2, 1.0
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
     """``plan(remat="auto")``: the step as written if it fits; else every candidate policy
-    searched for a share of the time limit, and the fastest that fits (else the one that
-    needs least memory) searched in full."""
+    (and, where the step tags values with ``checkpoint_name``, saving those) searched for a
+    share of the time limit, and the fastest that fits (else the one that needs least
+    memory) searched in full."""
     first = plan(workload, hw, graph=graph, **kw)
     if first.status != "INFEASIBLE":
         return first
     short = dict(kw, time_limit_s=max(RANK_MIN_S, RANK_SHARE * kw["time_limit_s"]))
     tried, best = [], None
-    for tag in REMAT_CANDIDATES:
+    tags = checkpoint_names(first.graph) if first.graph is not None else []
+    named = (names_policy(tags), names_policy(tags) + "+regather") if tags else ()
+    for tag in REMAT_CANDIDATES + named:
         policy, regather = parse_remat(tag)
         try:
             wl = remat_workload(workload, policy, regather)

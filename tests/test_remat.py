@@ -12,11 +12,15 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 from click.testing import CliRunner
+from jax.ad_checkpoint import checkpoint_name
 
 import autolayout as al
 from autolayout._cli import main
+from autolayout.cost_models import recomputed_ops
 from autolayout.cost_models.memory import lifetimes
 from autolayout.runtime.run import reference_losses, run
 from autolayout.search.baselines import standard_layout
@@ -199,6 +203,71 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
         assert (t / base_temp) / fell == pytest.approx(1, abs=0.15), (policy, t, base_temp)
         assert p.predicted["flops_per_device"] > base["flops_per_device"]  # the recomputation
         assert p.predicted["model_flops"] == pytest.approx(base["model_flops"], rel=1e-3)
+
+
+def _tagged(scan: bool, d=128, ff=512, seq=64, batch=16, vocab=256, layers=3) -> al.Workload:
+    """A user's LM with MaxText-style ``checkpoint_name`` tags, no ``al.spec`` names."""
+
+    def init(key):
+        ks = jax.random.split(key, 3)
+        return {"emb": jax.random.normal(ks[0], (vocab, d)) * 0.02,
+                "up": jax.random.normal(ks[1], (layers, d, ff)) * 0.02,
+                "down": jax.random.normal(ks[2], (layers, ff, d)) * 0.02}  # fmt: skip
+
+    def block(x, up, down):
+        h = checkpoint_name(jnp.tanh(x) @ up, "mlpwi")
+        return x + checkpoint_name(jax.nn.gelu(h) @ down, "mlpwo")
+
+    def loss_fn(p, b):
+        x = p["emb"][b["x"]]
+        if scan:
+            x, _ = jax.lax.scan(lambda x, w: (block(x, *w), None), x, (p["up"], p["down"]))
+        else:
+            for i in range(layers):
+                x = block(x, p["up"][i], p["down"][i])
+        logits = x @ p["emb"].T
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
+
+    def make_batch(rng):
+        t = rng.integers(0, vocab, (batch, seq + 1)).astype(np.int32)
+        return {"x": t[:, :-1], "y": t[:, 1:]}
+
+    return al.train_workload(loss_fn, optax.sgd(1e-2), init,
+                             make_batch(np.random.default_rng(0)), make_batch)  # fmt: skip
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_save_only_these_names_keeps_what_the_step_tags(scan):
+    """``save_only_these_names:mlpwi`` keeps the residual stream and the tagged MLP input
+    (``checkpoint_name``), recomputing only the elementwise work after it; nothing_saveable
+    recomputes the matmul too; dots_saveable sees a matmul through its tag. Losses are the
+    written step's."""
+    wl = _tagged(scan)
+    ref = reference_losses(wl, steps=2)
+    got = {}
+    for policy in ("nothing_saveable", "save_only_these_names:mlpwi", "dots_saveable", None):
+        w = wl if policy is None else al.remat(wl, policy)
+        assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-5), policy
+        p = al.evaluate(w, "cpu-1", mesh={"data": 1}, rules={})
+        again = recomputed_ops(p.graph)
+        flops = sum(op.flops * op.trip_count for op in p.graph.ops if op.name in again)
+        got[policy] = (p.predicted["memory_by_category"]["activations"], flops)
+    (a_none, f_none), (a_names, f_names), (a_dots, f_dots), (a_all, _) = got.values()
+    assert a_none < a_names < a_all, got
+    matmul = 2 * 16 * 64 * 128 * 512 * 3  # the up projection, every layer
+    assert f_none > matmul > 10 * f_names and f_dots < matmul / 10, got
+    with pytest.raises(al.WorkloadError, match="tags no value 'context'.*mlpwi, mlpwo"):
+        al.remat(wl, "save_only_these_names:context")
+    with pytest.raises(al.WorkloadError, match="unknown remat policy"):
+        al.remat(wl, "save_only_these_names:")
+
+
+def test_auto_remat_tries_the_steps_tags():
+    p = al.plan(_tagged(True), "cpu-8", memory_limit=3 * 2**20,
+                time_limit_s=2, remat="auto")  # fmt: skip
+    tried = [t["policy"] for t in p.solver["remat"]["tried"]]
+    assert "save_only_these_names:mlpwi,mlpwo" in tried, tried
+    assert "save_only_these_names:mlpwi,mlpwo+regather" in tried, tried
 
 
 def test_a_scans_stacks_are_allocated_where_the_profile_says():

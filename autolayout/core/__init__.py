@@ -45,6 +45,8 @@ from ._layout import partition_spec as partition_spec
 from ._layout import replicated as replicated
 from ._layout import split_factor as split_factor
 from ._plan import Plan as Plan
+from ._remat import checkpoint_names as checkpoint_names
+from ._remat import names_policy as names_policy
 from ._remat import parse_remat as parse_remat
 from ._remat import remat as remat
 from ._remat import remat_for_plan as remat_for_plan

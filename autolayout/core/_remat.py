@@ -17,6 +17,9 @@ Policies, named as ``jax.checkpoint_policies`` names them:
   (activations, norms, softmax).
 * ``dots_with_no_batch_dims_saveable``: only weight matmuls are kept; attention's scores and
   probabilities are recomputed too (Megatron-LM's selective recomputation).
+* ``save_only_these_names:a,b``: the residual stream and the values the step tags with
+  ``jax.ad_checkpoint.checkpoint_name(x, "a")`` are kept, everything else recomputed (as
+  ``jax.checkpoint_policies.save_only_these_names("a", "b")`` around every block).
 
 A recomputation walks back at most ``MAX_DEPTH`` equations; the value it stops at is saved
 (the residual stream of an unrolled model is then kept every few layers, not recomputed
@@ -39,10 +42,11 @@ from jax._src.lax.control_flow import optimization_barrier_p
 from ._errors import WorkloadError
 from ._report import _NUMBERED, _layer_key
 from ._trace import _user_names, closed_parts, gpu_kernels_traceable
-from ._workload import Workload, path_str
+from ._workload import Workload, parse_name_dims, path_str
 
 _DEBUG = core.DebugInfo("autolayout.remat", "the recomputation of forward values", None, None)
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+NAMES = "save_only_these_names"  # NAMES:a,b keeps the values checkpoint_name tags a or b
 MAX_DEPTH = 12
 _MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 _LOOPS = frozenset({"scan", "while", "cond"})
@@ -66,6 +70,57 @@ def _has_matmul(eqn: Any, batchless: bool) -> bool:
             return not lb
         return True
     return any(_has_matmul(e, batchless) for j in _inner_jaxprs(eqn) for e in j.eqns)
+
+
+def policy_names(policy: str | None) -> frozenset[str] | None:
+    """The names a ``save_only_these_names:a,b`` policy keeps; None for another policy."""
+    if policy is None or not policy.startswith(NAMES + ":"):
+        return None
+    return frozenset(policy[len(NAMES) + 1 :].split(","))
+
+
+def names_policy(names: Any) -> str:
+    """``save_only_these_names:a,b`` for ``names``."""
+    return f"{NAMES}:{','.join(sorted(names))}"
+
+
+def _check_policy(policy: str | None) -> None:
+    names = policy_names(policy)
+    if policy is None or policy in POLICIES or (names is not None and all(names)):
+        return
+    raise WorkloadError(
+        f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}, "
+        f"{NAMES}:NAME,NAME (values tagged with jax.ad_checkpoint.checkpoint_name), "
+        "each with +regather"
+    )
+
+
+def _named(jaxpr: Any, names: frozenset[str]) -> set:
+    """The values a ``name`` equation of ``jaxpr`` tags with one of ``names``, and what it
+    reads (the name is an identity; the backward pass may read either)."""
+    out: set = set()
+    for e in jaxpr.eqns:
+        if e.primitive.name == "name" and str(e.params["name"]) in names:
+            out.update(v for v in (*e.invars, *e.outvars) if isinstance(v, core.Var))
+    return out
+
+
+def _tags(jaxpr: Any) -> set[str]:
+    out = set()
+    for e in jaxpr.eqns:
+        if e.primitive.name == "name" and parse_name_dims(str(e.params["name"])) is None:
+            out.add(str(e.params["name"]))
+        for j in _inner_jaxprs(e):
+            out |= _tags(j)
+    return out
+
+
+def checkpoint_names(g: Any) -> list[str]:
+    """The ``checkpoint_name`` tags of a traced step (``al.name_dims``'s left out)."""
+    return sorted({
+        str(op.param("name")) for op in g.ops
+        if op.primitive == "name" and parse_name_dims(str(op.param("name"))) is None
+    })  # fmt: skip
 
 
 def _loss_index(jaxpr: Any) -> int:
@@ -179,20 +234,22 @@ def rewrite(
     gathered again there instead of its gathered copy being kept). ``paths``: each input's
     pytree path (``params/layers/3/w1``), which tells layers apart where no
     ``jax.named_scope`` does."""
-    if policy is not None and policy not in POLICIES:
-        raise WorkloadError(f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}")
+    _check_policy(policy)
     jaxpr = closed.jaxpr
     eqns = list(jaxpr.eqns)
     end = _loss_index(jaxpr)
     producer = {v: i for i, e in enumerate(eqns[: end + 1]) for v in e.outvars}
     batchless = policy == "dots_with_no_batch_dims_saveable"
     spine: set = set()
-    if policy == "nothing_saveable":
+    names = policy_names(policy)
+    whole = policy == "nothing_saveable" or names is not None  # layers recomputed whole
+    if whole:
         cands = [
             jaxpr.invars[i] for i in (sources if sources is not None else range(len(jaxpr.invars)))
         ]
         spine = _spine(jaxpr, end, cands)
         spine = _layer_ends(jaxpr, end, spine, paths or [""] * len(jaxpr.invars))
+    named = _named(jaxpr, names) if names else set()
 
     def saved(v: Any) -> bool:
         if policy is None:
@@ -203,8 +260,8 @@ def rewrite(
         e = eqns[i]
         if e.primitive.name in _LOOPS or e.effects:
             return True
-        if policy == "nothing_saveable":
-            return v in spine
+        if whole:
+            return v in spine or v in named
         return _has_matmul(e, batchless)
 
     new_eqns = eqns[: end + 1]
@@ -227,7 +284,7 @@ def rewrite(
         todo = [v for v in e.invars if isinstance(v, core.Var) and v in producer
                 and v not in subst and not saved(v)]  # fmt: skip
         if todo and last_bwd is not None:
-            deep = 10**9 if policy == "nothing_saveable" else MAX_DEPTH
+            deep = 10**9 if whole else MAX_DEPTH
             block, inputs = _chain(todo, eqns, producer, saved, subst, deep)
             # the recomputation reads the weights again too (else it would keep the forward
             # pass's gathered copies alive until the backward pass)
@@ -351,6 +408,7 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
         if isinstance(v, core.Var):
             readers.setdefault(v, set()).add(-1)
     batchless = policy == "dots_with_no_batch_dims_saveable"
+    names = policy_names(policy)
     dropped: dict[int, set[int]] = {}  # forward scan -> its outputs recomputed
     pairs = {}
     for gi, (fi, ys) in _scan_pairs(jaxpr, end).items():
@@ -358,10 +416,20 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
         nk = F.params["num_carry"]
         body = closed_parts(F.params["jaxpr"])[0]
         made = {v: e for e in body.eqns for v in e.outvars}
+        named = _named(body, names) if names else set()
         again = set()
         for j in ys:
             bv = body.outvars[nk + j]
-            keep = policy != "nothing_saveable" and bv in made and _has_matmul(made[bv], batchless)
+            src = made.get(bv)
+            while src is not None and src.primitive.name == "name":  # an identity: its input's
+                v = src.invars[0]
+                src = made.get(v) if isinstance(v, core.Var) else None
+            if names is not None:
+                keep = bv in named
+            else:
+                keep = (
+                    policy != "nothing_saveable" and src is not None and _has_matmul(src, batchless)
+                )
             if bv in made and not keep and readers.get(F.outvars[nk + j], set()) <= {gi}:
                 again.add(j)
         if again and fi not in dropped:
@@ -502,8 +570,17 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
       >>> al.remat(wl, "dots_saveable").name
       'gpt-tiny+remat(dots_saveable)'
     """
+    _check_policy(policy)
     with gpu_kernels_traceable():  # a step written for cuDNN attention traces anywhere
         closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
+    names = policy_names(policy)
+    if names:
+        tags = _tags(closed.jaxpr)
+        if names - tags:
+            raise WorkloadError(
+                f"remat policy {policy!r}: the step tags no value {sorted(names - tags)[0]!r} "
+                f"(its checkpoint_name tags: {', '.join(sorted(tags)) or 'none'})"
+            )
     sizes = [len(jax.tree.leaves(a)) for a in workload.args]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
@@ -538,11 +615,11 @@ def parse_remat(tag: str) -> tuple[str | None, bool]:
     parts = tag.split("+")
     regather = "regather" in parts
     rest = [p for p in parts if p not in ("regather", "as_written")]
-    if len(rest) > 1 or (rest and rest[0] not in POLICIES):
-        raise WorkloadError(
-            f"unknown remat policy {tag!r}; known: {', '.join(POLICIES)}, each with +regather"
-        )
-    return (rest[0] if rest else None), regather
+    if len(rest) > 1:
+        raise WorkloadError(f"remat policy {tag!r} names two policies; give one, +regather")
+    policy = rest[0] if rest else None
+    _check_policy(policy)
+    return policy, regather
 
 
 def remat_for_plan(plan: Any, workload: Workload) -> Workload:
