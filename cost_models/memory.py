@@ -135,8 +135,9 @@ def lifetimes(
         for k, t in enumerate(op.outputs):
             if stacked is not None and k >= stacked:
                 born = 0
-            if t in inputs or t in aliased or t in source or g.tensors[t].role == "input":
-                continue
+            tt = g.tensors[t]
+            if t in inputs or t in aliased or t in source or tt.role == "input" or tt.host:
+                continue  # (a value in host memory takes no HBM)
             out.append((t, born, max(last.get(t, i), i)))  # never read: freed right after
     return out + _conv_layout_copies(g)
 

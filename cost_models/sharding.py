@@ -35,6 +35,7 @@ from autolayout.core import (
     LOOP_OPS,
     Graph,
     Hardware,
+    HardwareError,
     Layout,
     Op,
     Tensor,
@@ -775,7 +776,15 @@ def op_cost(
         comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
     split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split * halo_flops
-    if op.primitive in _FREE_OPS or op.primitive in LOOP_OPS or (fused and op.name in fused):
+    moved = op.param("to") if op.primitive == "device_put" else None
+    if moved:  # to or from host memory: a DMA on the host link, beside compute
+        comms += [host_transfer(m, g.tensors[t], produced[t], moved) for t in op.outputs]
+    if (
+        op.primitive in _FREE_OPS
+        or op.primitive in LOOP_OPS
+        or op.primitive == "device_put"
+        or (fused and op.name in fused)
+    ):
         nbytes = 0.0
     else:
         nbytes = float(sum(local_bytes(g.tensors[t], produced[t], m.mesh) for t in op.outputs))
@@ -801,7 +810,7 @@ def op_cost(
     if passes and op.scope:  # a residual stacked for the backward scan: copied in and out
         stacked = stacked_residuals(g)
         extra = sum(local_bytes(g.tensors[t], produced[t], m.mesh)
-                    for t in op.outputs if t in stacked)  # fmt: skip
+                    for t in op.outputs if t in stacked and not g.tensors[t].host)  # fmt: skip
         compute += passes * extra / (m.hw.chip.hbm_bandwidth * m.hw.efficiency.memory)
     strategy = {
         (grp.dim or f"{grp.members[0][0]}.{grp.members[0][1]}"): a
@@ -809,6 +818,20 @@ def op_cost(
         if a
     }
     return OpCost(op, strategy, wanted, produced, partial, flops, nbytes, compute, comms)
+
+
+def host_transfer(m: Machine, t: Tensor, layout: Layout, to: str) -> Comm:
+    """A tensor's local part moved between HBM and host memory (``to``: "host" or
+    "device"), at the profile's ``chip.host_bandwidth``."""
+    bw = m.hw.chip.host_bandwidth
+    if not bw:
+        raise HardwareError(
+            f"hardware {m.hw.name!r}: the step moves values to host memory (jax.device_put to "
+            "pinned_host, e.g. an offloading remat policy) and the profile gives no "
+            "chip.host_bandwidth; add it to the profile's [chip] section"
+        )
+    nbytes = local_bytes(t, layout, m.mesh)
+    return Comm(f"offload-to-{to}", (), nbytes, nbytes / bw, t.name, "offload")
 
 
 # --- where two tensors must agree: loop boundaries, donated state -------------------------------

@@ -249,6 +249,9 @@ def validate(
     elif platform == "cpu" and sixteen:
         checked = False
         note = "shown: XLA:CPU keeps float32 copies of 16-bit operands, which no target has"
+    elif platform == "cpu" and any(t.host for t in graph.tensors.values()):
+        checked = False
+        note = "shown: the plan keeps values in host memory, which XLA:CPU does not tell apart"
     else:
         checked = ma is not None
         note = "within 2x: a liveness walk against XLA's buffer assignment"

@@ -134,8 +134,7 @@ def plan(
     if remat == "auto":
         return _auto_remat(workload, hw, graph, kw)
     if remat != "as_written":
-        policy, regather = parse_remat(remat)
-        return plan(remat_workload(workload, policy, regather), hw, **kw)
+        return plan(remat_workload(workload, *parse_remat(remat)), hw, **kw)
     with using(Clock(deterministic)) as c:
         with gc_paused():
             p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
@@ -210,9 +209,10 @@ RANK_SHARE, RANK_MIN_S = 0.2, 1.0
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
     """``plan(remat="auto")``: the step as written if it fits; else every candidate policy
-    (and, where the step tags values with ``checkpoint_name``, saving those) searched for a
-    share of the time limit, and the fastest that fits (else the one that needs least
-    memory) searched in full."""
+    (and, where the step tags values with ``checkpoint_name``, saving those; where the
+    profile gives a host link, offloading what is saved) searched for a share of the time
+    limit, and the fastest that fits (else the one that needs least memory) searched in
+    full."""
     first = plan(workload, hw, graph=graph, **kw)
     if first.status != "INFEASIBLE":
         return first
@@ -220,10 +220,12 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     tried, best = [], None
     tags = checkpoint_names(first.graph) if first.graph is not None else []
     named = (names_policy(tags), names_policy(tags) + "+regather") if tags else ()
-    for tag in REMAT_CANDIDATES + named:
-        policy, regather = parse_remat(tag)
+    # where the profile has a host link: the saved residuals stacked in host memory
+    host = (hw if isinstance(hw, Hardware) else hardware(hw)).chip.host_bandwidth
+    offloaded = ("dots_saveable+offload", "nothing_saveable+offload") if host else ()
+    for tag in REMAT_CANDIDATES + named + offloaded:
         try:
-            wl = remat_workload(workload, policy, regather)
+            wl = remat_workload(workload, *parse_remat(tag))
             p = plan(wl, hw, **short)
         except AutolayoutError as e:  # a step the rewrite or the search refuses
             tried.append({"policy": tag, "error": str(e)})

@@ -208,11 +208,12 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
 def _tagged(scan: bool, d=128, ff=512, seq=64, batch=16, vocab=256, layers=3) -> al.Workload:
     """A user's LM with MaxText-style ``checkpoint_name`` tags, no ``al.spec`` names."""
 
-    def init(key):
+    def init(key):  # scanned: stacked weights; unrolled: a list of layers
         ks = jax.random.split(key, 3)
-        return {"emb": jax.random.normal(ks[0], (vocab, d)) * 0.02,
-                "up": jax.random.normal(ks[1], (layers, d, ff)) * 0.02,
-                "down": jax.random.normal(ks[2], (layers, ff, d)) * 0.02}  # fmt: skip
+        p = {"emb": jax.random.normal(ks[0], (vocab, d)) * 0.02,
+             "up": jax.random.normal(ks[1], (layers, d, ff)) * 0.02,
+             "down": jax.random.normal(ks[2], (layers, ff, d)) * 0.02}  # fmt: skip
+        return p if scan else {"emb": p["emb"], "up": list(p["up"]), "down": list(p["down"])}
 
     def block(x, up, down):
         h = checkpoint_name(jnp.tanh(x) @ up, "mlpwi")
@@ -262,12 +263,85 @@ def test_save_only_these_names_keeps_what_the_step_tags(scan):
         al.remat(wl, "save_only_these_names:")
 
 
-def test_auto_remat_tries_the_steps_tags():
-    p = al.plan(_tagged(True), "cpu-8", memory_limit=3 * 2**20,
-                time_limit_s=2, remat="auto")  # fmt: skip
-    tried = [t["policy"] for t in p.solver["remat"]["tried"]]
-    assert "save_only_these_names:mlpwi,mlpwo" in tried, tried
-    assert "save_only_these_names:mlpwi,mlpwo+regather" in tried, tried
+def test_auto_remat_tries_the_steps_tags_and_offload_where_there_is_a_host_link():
+    """remat=auto adds saving the step's checkpoint_name tags to its candidates, and on a
+    profile with a host link (a GPU's, not the CPU's one memory) offloading what is saved."""
+    for hw, offload in (("cpu-8", False), ("h100-8", True)):
+        p = al.plan(_tagged(True), hw, memory_limit=3 * 2**20, time_limit_s=1, remat="auto")
+        tried = [t["policy"] for t in p.solver["remat"]["tried"]]
+        assert "save_only_these_names:mlpwi,mlpwo" in tried, tried
+        assert "save_only_these_names:mlpwi,mlpwo+regather" in tried, tried
+        assert ("dots_saveable+offload" in tried) == offload, (hw, tried)
+    with pytest.raises(al.HardwareError, match="no chip.host_bandwidth"):
+        al.plan(_tagged(True), "cpu-8", remat="dots_saveable+offload", time_limit_s=1)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_offload_keeps_the_saved_residuals_in_host_memory(scan):
+    """``+offload``: what the policy saves is moved to host memory as the forward pass writes
+    it and back where the backward pass reads it (inside the scan, a stack in host memory).
+    Priced: no HBM for it, a transfer each way on the profile's host link. The losses are
+    the written step's, and the step lowered for a GPU moves as many values to host memory
+    as the plan prices."""
+    wl = _tagged(scan, layers=6)  # what is saved outweighs one layer's backward
+    ref = reference_losses(wl, steps=2)
+    got = {}
+    for tag in ("dots_saveable", "dots_saveable+offload"):
+        w = al.remat(wl, tag)
+        assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-5), tag
+        p = al.evaluate(w, "h100-1", mesh={"data": 1}, rules={})  # a GPU: a host link
+        moves = [op.param("to") for op in p.graph.ops if op.primitive == "device_put"]
+        comms = p.collectives()
+        got[tag] = (p.predicted["memory_by_category"]["activations"], moves, comms)
+    (a_kept, m_kept, _), (a_off, m_off, comms) = got.values()
+    assert not m_kept and m_off.count("host") == m_off.count("device") >= 2, m_off
+    assert a_off < 0.8 * a_kept, (a_off, a_kept)
+    sent = comms[comms.kind == "offload-to-host"]
+    came = comms[comms.kind == "offload-to-device"]
+    assert (sent.bytes * sent["count"]).sum() == (came.bytes * came["count"]).sum() > 0
+    assert (sent.time_s * sent["count"]).sum() == pytest.approx(
+        (sent.bytes * sent["count"]).sum() / al.hardware("h100-1").chip.host_bandwidth
+    )
+    # XLA:CPU lowers a move to host memory to nothing (one memory): lowered for a GPU, each
+    # move is an annotate_device_placement, as JAX's own offloading policies lower
+    w = al.remat(wl, "dots_saveable+offload")
+    gpu = jax.jit(w.fn).trace(*w.args).lower(lowering_platforms=("cuda",)).as_text()
+    assert gpu.count('_xla_buffer_placement = "pinned_host"') == m_off.count("host"), m_off
+    assert gpu.count('_xla_buffer_placement = "device"') >= m_off.count("device"), m_off
+
+
+def test_a_users_offload_policy_is_priced_or_refused():
+    """A step that offloads by itself (``jax.checkpoint`` with JAX's offload policy) is
+    priced with its residuals in host memory; on a profile without a host link it is
+    refused in one line naming the fix."""
+
+    def workload(policy):
+        def step(w, x):
+            def loss(w):
+                y = x
+                for _ in range(4):
+                    y = jax.checkpoint(lambda y: jnp.tanh(y @ w), policy=policy)(y)
+                return jnp.sum(y)
+
+            return jax.grad(loss)(w)
+
+        return al.Workload(step, (jax.ShapeDtypeStruct((512, 512), jnp.float32),
+                                  jax.ShapeDtypeStruct((4096, 512), jnp.float32)))  # fmt: skip
+
+    offload = workload(
+        jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    )
+    mem = {}
+    for name, wl in (
+        ("offload", offload),
+        ("save", workload(jax.checkpoint_policies.dots_with_no_batch_dims_saveable)),
+    ):
+        p = al.evaluate(wl, "h100-1", mesh={"data": 1}, rules={})
+        assert not p.graph.opaque, p.graph.opaque
+        mem[name] = p.predicted["memory_by_category"]["activations"]
+    assert mem["offload"] <= mem["save"] - 2 * 4096 * 512 * 4, mem  # (64 -> 41 MiB)
+    with pytest.raises(al.HardwareError, match="no chip.host_bandwidth; add it"):
+        al.evaluate(offload, "tpu-v5e-1", mesh={"data": 1}, rules={})
 
 
 def test_a_scans_stacks_are_allocated_where_the_profile_says():

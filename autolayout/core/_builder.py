@@ -42,6 +42,7 @@ class _Builder:
         self.dtypes: list[str] = []
         self.roles: list[str] = []
         self.paths: list[str | None] = []
+        self.hosts: list[bool] = []  # in host memory (an aval of memory space Host)
         self.user: dict[int, tuple[str | None, ...]] = {}
         self.offsets: list[int] = []
         self.nax = 0
@@ -83,6 +84,7 @@ class _Builder:
         self.dtypes.append(dtype)
         self.roles.append(role)
         self.paths.append(path)
+        self.hosts.append(str(getattr(aval, "memory_space", "")).endswith("Host"))
         self.offsets.append(self.nax)
         self.nax += len(shape)
         return len(self.shapes) - 1

@@ -89,6 +89,17 @@ def _name(b, eqn, ins, outs):
     return {"name": str(eqn.params["name"])}, 0.0
 
 
+@register("device_put")
+def _device_put(b, eqn, ins, outs):
+    """``jax.device_put`` inside a step: an identity; between HBM and host memory (an
+    offloaded residual, ``pinned_host``) a transfer, ``to`` "host" or "device"."""
+    _barrier(b, eqn, ins, outs)  # each output is its own operand
+    moves = {b.hosts[i] for i, o in zip(ins, outs, strict=False) if i is not None
+             and b.hosts[i] != b.hosts[o]}  # fmt: skip
+    to = None if not moves else ("device" if moves == {True} else "host")
+    return ({"to": to} if to else {}), 0.0
+
+
 @register("rev")
 def _rev(b, eqn, ins, outs):
     _elementwise(b, eqn, ins, outs)

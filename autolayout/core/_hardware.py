@@ -34,6 +34,12 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
         "hbm_bytes": ("num", "bytes of HBM per chip", True),
         "hbm_bandwidth": ("num", "HBM bytes per second per chip", True),
         "cores_per_chip": ("int", "TensorCores per chip", False),
+        "host_bandwidth": (
+            "num",
+            "bytes per second, one way, between a chip's HBM and its host's memory (offloaded "
+            "residuals)",
+            False,
+        ),
     },
     "efficiency": {
         "matmul": ("frac", "achieved fraction of peak FLOP/s on large matmuls", True),
@@ -159,6 +165,7 @@ class Chip:
     hbm_bytes: float
     hbm_bandwidth: float
     cores_per_chip: int = 1
+    host_bandwidth: float | None = None  # HBM <-> host memory, one way; None: not given
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +255,8 @@ class Hardware:
             f"  peak FLOP/s  {flops} per device",
             f"  HBM          {c.hbm_bytes / 2**30:.1f} GiB at {c.hbm_bandwidth:.3g} B/s",
         ]
+        if c.host_bandwidth:
+            lines.append(f"  host memory  {c.host_bandwidth:.3g} B/s one way (offloaded residuals)")
         t = self.topology
         if isinstance(t, Torus):
             lines.append(
@@ -524,8 +533,9 @@ def _build(
     kind = top["kind"]
     c = prof["chip"]
     chip = Chip(
-        dict(c["peak_flops"]), c["hbm_bytes"], c["hbm_bandwidth"], c.get("cores_per_chip", 1)
-    )
+        dict(c["peak_flops"]), c["hbm_bytes"], c["hbm_bandwidth"], c.get("cores_per_chip", 1),
+        c.get("host_bandwidth"),
+    )  # fmt: skip
     e = prof["efficiency"]
     eff = Efficiency(
         e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"],

@@ -56,6 +56,7 @@ class Tensor:
     dims: tuple[str | None, ...]
     role: str = "intermediate"  # "input" | "const" | "intermediate" | "loop"
     path: str | None = None  # pytree path of a workload argument, e.g. "params/wq"
+    host: bool = False  # in host memory (``jax.device_put`` to ``pinned_host``): no HBM
 
     @property
     def size(self) -> int:

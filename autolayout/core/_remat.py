@@ -26,7 +26,12 @@ A recomputation walks back at most ``MAX_DEPTH`` equations; the value it stops a
 from the first). A scanned layer stack is rewritten as a pair (:func:`remat_scans`): its
 forward scan returns each layer's input, and its backward scan recomputes the layer's
 residuals the policy does not save first, as ``jax.checkpoint`` around the scanned body
-does; other loops are kept whole."""
+does; other loops are kept whole.
+
+``+offload`` keeps what the policy saves in host memory between the two passes (moved out as
+the forward pass writes it, back where the backward pass reads it, tied to a cotangent; in a
+scanned stack, each layer's as its scan writes and reads it), as JAX's offloading policies
+do; the plan prices each move on the profile's ``chip.host_bandwidth``."""
 
 from __future__ import annotations
 
@@ -91,7 +96,7 @@ def _check_policy(policy: str | None) -> None:
     raise WorkloadError(
         f"unknown remat policy {policy!r}; known: {', '.join(POLICIES)}, "
         f"{NAMES}:NAME,NAME (values tagged with jax.ad_checkpoint.checkpoint_name), "
-        "each with +regather"
+        "each with +regather and/or +offload"
     )
 
 
@@ -226,7 +231,7 @@ def _layer_ends(jaxpr: Any, end: int, spine: set, paths: list[str]) -> set:
 
 def rewrite(
     closed: core.ClosedJaxpr, policy: str | None, regather: bool = False,
-    sources: list[int] | None = None, paths: list[str] | None = None,
+    sources: list[int] | None = None, paths: list[str] | None = None, offload: bool = False,
 ) -> core.ClosedJaxpr:  # fmt: skip
     """``closed`` with the residuals ``policy`` does not save recomputed in the backward pass
     (None: as written), and with ``regather`` every input the forward pass reads read again in
@@ -291,25 +296,10 @@ def rewrite(
             _regather([v for v in inputs if v in weights and v not in subst], subst, new_eqns,
                       e.source_info)  # fmt: skip
             outs = [v for i in block for v in eqns[i].outvars if not isinstance(v, core.DropVar)]
-            inner = {v: core.Var(v.aval) for v in inputs}
-            cot = core.Var(last_bwd.aval)
-            body = []
-            for i in block:
-                x = eqns[i]
-                for v in x.outvars:
-                    if not isinstance(v, core.DropVar):
-                        inner[v] = core.Var(v.aval)
-                body.append(x.replace(
-                    invars=[inner.get(v, v) if isinstance(v, core.Var) else v for v in x.invars],
-                    outvars=[inner.get(v, v) for v in x.outvars]))  # fmt: skip
-            sub = core.Jaxpr([], [inner[v] for v in inputs] + [cot], [inner[v] for v in outs],
-                             body, frozenset().union(*(x.effects for x in body)),
-                             _DEBUG)  # fmt: skip
-            fresh = [core.Var(v.aval) for v in outs]
-            new_eqns.append(core.new_jaxpr_eqn(
-                [subst.get(v, v) for v in inputs] + [last_bwd], fresh, remat_p,
-                dict(jaxpr=sub, prevent_cse=True, differentiated=True, policy=None),
-                sub.effects, e.source_info))  # fmt: skip
+            eqn, fresh = _region([eqns[i] for i in block], inputs,
+                                 [subst.get(v, v) for v in inputs], outs, last_bwd,
+                                 e.source_info)  # fmt: skip
+            new_eqns.append(eqn)
             subst.update(zip(outs, fresh, strict=True))
         ins = [subst.get(v, v) if isinstance(v, core.Var) else v for v in e.invars]
         new_eqns.append(e.replace(invars=ins))
@@ -317,9 +307,103 @@ def rewrite(
             if v in cots:
                 last_bwd = v
     outvars = [subst.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
+    if offload:
+        new_eqns, outvars = _offload(new_eqns, end, outvars)
     new = core.Jaxpr(jaxpr.constvars, jaxpr.invars, outvars, new_eqns, jaxpr.effects,
                      jaxpr.debug_info)  # fmt: skip
     return core.ClosedJaxpr(new, closed.consts)
+
+
+def _region(
+    body_eqns: list, inputs: list, outer: list, outs: list, cot: Any, source_info: Any
+) -> tuple[Any, list]:
+    """``body_eqns`` (reading ``inputs``, writing ``outs``) as one ``remat2`` equation over
+    ``outer`` and the cotangent ``cot``: differentiated, XLA puts an optimization barrier on
+    its inputs, so it runs where the backward pass reaches it. Returns it and its outputs."""
+    inner = {v: core.Var(v.aval) for v in inputs}
+    icot = core.Var(cot.aval)
+    body = []
+    for x in body_eqns:
+        for v in x.outvars:
+            if not isinstance(v, core.DropVar):
+                inner[v] = core.Var(v.aval)
+        body.append(x.replace(
+            invars=[inner.get(v, v) if isinstance(v, core.Var) else v for v in x.invars],
+            outvars=[inner.get(v, v) for v in x.outvars]))  # fmt: skip
+    sub = core.Jaxpr([], [inner[v] for v in inputs] + [icot], [inner[v] for v in outs], body,
+                     frozenset().union(*(x.effects for x in body)), _DEBUG)  # fmt: skip
+    fresh = [core.Var(v.aval) for v in outs]
+    eqn = core.new_jaxpr_eqn(
+        [*outer, cot], fresh, remat_p,
+        dict(jaxpr=sub, prevent_cse=True, differentiated=True, policy=None),
+        sub.effects, source_info,
+    )  # fmt: skip
+    return eqn, fresh
+
+
+def _moves(aval: Any) -> tuple[Any, Any]:
+    """``device_put`` equations (as traced by JAX) that move a value of ``aval`` to host
+    memory and back: their primitive and parameters, and the host aval."""
+    x = jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    j = jax.make_jaxpr(
+        lambda x: jax.device_put(jax.device_put(x, jax.memory.Space.Host), jax.memory.Space.Device)
+    )(x).jaxpr  # fmt: skip
+    return j.eqns[0], j.eqns[1]
+
+
+def _offload(eqns: list, end: int, outvars: list) -> tuple[list, list]:
+    """Every array the forward pass (``eqns[: end + 1]``) writes and the backward pass reads
+    moved to host memory right after it is written and back where the backward pass first
+    reads it, tied to a cotangent so XLA does not hoist the copy back into the forward pass
+    (as ``jax.checkpoint_policies.offload_dot_with_no_batch_dims`` leaves them). Loop
+    results stay (a scanned stack is offloaded inside its scan, :func:`remat_scans`)."""
+    made = {}
+    for e in eqns[: end + 1]:
+        if e.primitive.name not in _LOOPS and not e.effects:
+            made.update((v, e) for v in e.outvars if not isinstance(v, core.DropVar))
+    wanted = {v: None for e in eqns[end + 1 :] for v in e.invars
+              if isinstance(v, core.Var) and v in made and len(v.aval.shape) >= 2
+              and not str(getattr(v.aval, "memory_space", "")).endswith("Host")}  # fmt: skip
+    if not wanted:
+        return eqns, outvars
+    out, host = [], {}
+    for e in eqns[: end + 1]:
+        out.append(e)
+        for v in e.outvars:
+            if v in wanted:
+                to_host, _ = _moves(v.aval)
+                h = core.Var(to_host.outvars[0].aval)
+                out.append(to_host.replace(invars=[v], outvars=[h], source_info=e.source_info))
+                host[v] = h
+    subst: dict = {}
+    cots: set = set()
+    last = None
+    for e in eqns[end + 1 :]:
+        reads = [v for v in e.invars if isinstance(v, core.Var)]
+        back = list(dict.fromkeys(v for v in reads if v in host and v not in subst))
+        if back:
+            moves = []
+            for v in back:
+                _, to_dev = _moves(v.aval)
+                moves.append(to_dev.replace(invars=[host[v]], outvars=[v],
+                                            source_info=e.source_info))  # fmt: skip
+            if last is None:  # no cotangent yet: copied back right here
+                for v, m in zip(back, moves, strict=True):
+                    subst[v] = core.Var(v.aval)
+                    out.append(m.replace(outvars=[subst[v]]))
+            else:
+                eqn, fresh = _region(moves, [host[v] for v in back],
+                                     [host[v] for v in back], back, last, e.source_info)  # fmt: skip
+                out.append(eqn)
+                subst.update(zip(back, fresh, strict=True))
+        if not reads or any(v in cots for v in reads):
+            cots.update(v for v in e.outvars if not isinstance(v, core.DropVar))
+        out.append(e.replace(invars=[subst.get(v, v) if isinstance(v, core.Var) else v
+                                     for v in e.invars]))  # fmt: skip
+        for v in e.outvars:
+            if v in cots:
+                last = v
+    return out, [subst.get(v, v) if isinstance(v, core.Var) else v for v in outvars]
 
 
 def _bind(e: Any, vals: list) -> list:
@@ -391,12 +475,16 @@ def _inputs_needed(body: Any, given: set, wanted: list) -> set:
     return seen
 
 
-def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
+def remat_scans(
+    closed: core.ClosedJaxpr, policy: str | None, offload: bool = False
+) -> core.ClosedJaxpr:
     """``closed`` with a scanned stack's residuals that ``policy`` does not save recomputed in
     its backward scan: the forward scan returns each layer's carry instead, and the backward
     scan's body first runs what of the forward body it needs, from that carry, the layer's
     weights and the saved residuals (what ``jax.checkpoint`` around the scanned body does). A
-    residual read elsewhere is kept."""
+    residual read elsewhere is kept. ``offload``: the residuals it saves are stacked in host
+    memory (each layer's moved there as the forward scan writes it, and back as the backward
+    scan reads it)."""
     jaxpr = closed.jaxpr
     end = _loss_index(jaxpr)
     readers: dict[Any, set[int]] = {}
@@ -410,6 +498,7 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
     batchless = policy == "dots_with_no_batch_dims_saveable"
     names = policy_names(policy)
     dropped: dict[int, set[int]] = {}  # forward scan -> its outputs recomputed
+    hosted: dict[int, set[int]] = {}  # forward scan -> its outputs stacked in host memory
     pairs = {}
     for gi, (fi, ys) in _scan_pairs(jaxpr, end).items():
         F = jaxpr.eqns[fi]
@@ -424,7 +513,9 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
             while src is not None and src.primitive.name == "name":  # an identity: its input's
                 v = src.invars[0]
                 src = made.get(v) if isinstance(v, core.Var) else None
-            if names is not None:
+            if policy is None:
+                keep = True
+            elif names is not None:
                 keep = bv in named
             else:
                 keep = (
@@ -432,9 +523,13 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
                 )
             if bv in made and not keep and readers.get(F.outvars[nk + j], set()) <= {gi}:
                 again.add(j)
-        if again and fi not in dropped:
+        if (again or offload) and fi not in dropped:
             dropped[fi] = again
             pairs[gi] = (fi, {pos: j for j, ps in ys.items() for pos in ps})
+            # the saved residuals only this backward scan reads: stacked in host memory
+            hosted[fi] = {j for j in ys if offload and j not in again
+                          and readers.get(F.outvars[nk + j], set()) <= {gi}
+                          and len(F.outvars[nk + j].aval.shape) >= 2}  # fmt: skip
     if not pairs:
         return closed
     stash: dict[int, tuple] = {}
@@ -448,7 +543,9 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
 
         def step(carry, x):
             out = core.eval_jaxpr(body, bconsts, *consts, *carry, *x)
-            return out[:nk], (list(carry), [out[nk + j] for j in kept])
+            ys = [jax.device_put(out[nk + j], jax.memory.Space.Host) if j in hosted[fi]
+                  else out[nk + j] for j in kept]  # fmt: skip
+            return out[:nk], (list(carry) if dropped[fi] else [], ys)
 
         carry, (cins, ys) = jax.lax.scan(step, list(init), list(xs), length=p["length"],
                                          unroll=p["unroll"])  # fmt: skip
@@ -477,9 +574,12 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
         ci = [k for k in range(fnk) if fbody.invars[fnc + k] in used]
         xi = [k for k in range(len(fxs)) if fbody.invars[fnc + fnk + k] in used]
 
+        home = {q for q in given if pos_j.get(q) in hosted[fi]}  # stacked in host memory
+
         def step(carry, x):
             xk, cin, fx = x
-            at = dict(zip(given, xk, strict=True))
+            at = {q: jax.device_put(v, jax.memory.Space.Device) if q in home else v
+                  for q, v in zip(given, xk, strict=True)}  # fmt: skip
             ins = [*fconsts, *([None] * fnk), *([None] * len(fxs))]
             for k, c in zip(ci, cin, strict=True):
                 ins[fnc + k] = c
@@ -492,10 +592,11 @@ def remat_scans(closed: core.ClosedJaxpr, policy: str) -> core.ClosedJaxpr:
                     fbody, fconsts_, ins, dict(zip(keys, vals, strict=True)), wanted
                 )
 
-            redo = jax.checkpoint(recompute, prevent_cse=True)(
-                ins, [at[saved_vars[v]] for v in keys]
-            )
-            at.update(zip(again, redo, strict=True))
+            if again:
+                redo = jax.checkpoint(recompute, prevent_cse=True)(
+                    ins, [at[saved_vars[v]] for v in keys]
+                )
+                at.update(zip(again, redo, strict=True))
             out = core.eval_jaxpr(body, bconsts, *consts, *carry, *[at[k] for k in range(len(xs))])
             return out[:nk], out[nk:]
 
@@ -560,9 +661,14 @@ def _chain(todo, eqns, producer, saved, subst, max_depth) -> tuple[list[int], li
     return sorted(block), [v for v in inputs if v not in made]
 
 
-def remat(workload: Workload, policy: str | None, regather: bool = False) -> Workload:
+def remat(
+    workload: Workload, policy: str | None, regather: bool = False, offload: bool = False
+) -> Workload:
     """``workload`` with ``policy`` applied to its step (see the module's docstring): the same
-    arguments, state, data and losses; less memory, more FLOPs.
+    arguments, state, data and losses; less memory, more FLOPs. ``regather``: each weight
+    read again in the backward pass (gathered afresh); ``offload``: what the policy saves
+    kept in host memory between the passes. ``policy`` may be a plan's tag
+    (``"dots_saveable+offload"``).
 
     Example:
       >>> import autolayout as al
@@ -570,6 +676,9 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
       >>> al.remat(wl, "dots_saveable").name
       'gpt-tiny+remat(dots_saveable)'
     """
+    if policy is not None and ("+" in policy or policy == "as_written"):  # a plan's tag
+        policy, again, off = parse_remat(policy)
+        regather, offload = regather or again, offload or off
     _check_policy(policy)
     with gpu_kernels_traceable():  # a step written for cuDNN attention traces anywhere
         closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
@@ -585,11 +694,11 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     data = [k for i, n in enumerate(sizes) if i not in workload.donate_argnums
             for k in range(starts[i], starts[i] + n)]  # fmt: skip
-    if policy is not None:  # a scanned stack's residuals, recomputed in its backward scan
-        closed = remat_scans(closed, policy)
+    if policy is not None or offload:  # a scanned stack's residuals, recomputed in (or
+        closed = remat_scans(closed, policy, offload)  # offloaded for) its backward scan
     paths = [path_str(p, workload.argnames)
              for p, _ in jax.tree_util.tree_flatten_with_path(workload.args)[0]]  # fmt: skip
-    new = rewrite(closed, policy, regather, data or None, paths)
+    new = rewrite(closed, policy, regather, data or None, paths, offload)
     out_tree = jax.tree.structure(out_shape)
 
     @functools.wraps(workload.fn)  # its argument names (params, opt_state, batch)
@@ -597,29 +706,31 @@ def remat(workload: Workload, policy: str | None, regather: bool = False) -> Wor
         flat = jax.tree.leaves(args)
         return jax.tree.unflatten(out_tree, core.eval_jaxpr(new.jaxpr, new.consts, *flat))
 
-    tag = describe(policy, regather)
+    tag = describe(policy, regather, offload)
     step.remat_policy = tag  # al.apply and autolayout run: already rewritten
     options = dict(workload.options, remat_policy=tag)
     return dataclasses.replace(workload, fn=step, name=f"{workload.name}+remat({tag})",
                                options=options)  # fmt: skip
 
 
-def describe(policy: str | None, regather: bool) -> str:
-    """``dots_saveable``, ``dots_saveable+regather``, ``regather``, ``as_written``."""
-    parts = [p for p in (policy, "regather" if regather else None) if p]
-    return "+".join(parts) or "as_written"
+def describe(policy: str | None, regather: bool, offload: bool = False) -> str:
+    """``dots_saveable``, ``dots_saveable+regather``, ``nothing_saveable+offload``,
+    ``regather``, ``as_written``."""
+    parts = [policy, "regather" if regather else None, "offload" if offload else None]
+    return "+".join(p for p in parts if p) or "as_written"
 
 
-def parse_remat(tag: str) -> tuple[str | None, bool]:
-    """The inverse of :func:`describe`."""
+def parse_remat(tag: str) -> tuple[str | None, bool, bool]:
+    """The inverse of :func:`describe`: (policy, regather, offload)."""
     parts = tag.split("+")
-    regather = "regather" in parts
-    rest = [p for p in parts if p not in ("regather", "as_written")]
+    rest = [p for p in parts if p not in ("regather", "offload", "as_written")]
     if len(rest) > 1:
-        raise WorkloadError(f"remat policy {tag!r} names two policies; give one, +regather")
+        raise WorkloadError(
+            f"remat policy {tag!r} names two policies; give one, +regather, +offload"
+        )
     policy = rest[0] if rest else None
     _check_policy(policy)
-    return policy, regather
+    return policy, "regather" in parts, "offload" in parts
 
 
 def remat_for_plan(plan: Any, workload: Workload) -> Workload:

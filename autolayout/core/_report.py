@@ -300,6 +300,8 @@ _KIND_COLOURS = {
     "reduce-scatter": "#C44E52",
     "all-to-all": "#8172B3",
     "collective-permute": "#937860",
+    "offload-to-host": "#DA8BC3",
+    "offload-to-device": "#8C8C8C",
 }
 
 

@@ -191,6 +191,7 @@ class _Template:
         tpl.nax = b.nax - nax0
         tpl.shapes, tpl.dtypes = b.shapes[t0:t1], b.dtypes[t0:t1]
         tpl.roles, tpl.paths = b.roles[t0:t1], b.paths[t0:t1]
+        tpl.hosts = b.hosts[t0:t1]
         tpl.offsets = [o - nax0 for o in b.offsets[t0:t1]]
         tpl.user = [(t - t0, b.user[t]) for t in range(t0, t1) if t in b.user]
         tpl.ops = []
@@ -229,6 +230,7 @@ class _Template:
         b.dtypes += self.dtypes
         b.roles += self.roles
         b.paths += self.paths
+        b.hosts += self.hosts
         b.offsets += [b.nax + o for o in self.offsets]
         b.nax += self.nax
         for k, dims in self.user:
@@ -533,6 +535,7 @@ def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dic
             dims=tuple(axis_dims[o : o + len(shape)]),
             role=b.roles[t],
             path=b.paths[t],
+            host=b.hosts[t],
         )
     graph = Graph(
         name=workload.name,
