@@ -674,7 +674,9 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     for note in res.notes:
         click.echo(f"{tag}note: {note}")
     pred = (f"predicted {res.predicted_s * 1e3:.2f} ms on {res.local_hw}"
-            if res.predicted_s is not None else "no profile for these devices to predict on")  # fmt: skip
+            if res.predicted_s is not None
+            else "not predicted (the note says why)" if res.local_hw
+            else "no profile for these devices to predict on")  # fmt: skip
     ratio = (
         f" (measured/predicted {res.measured_s / res.predicted_s:.2f})" if res.predicted_s else ""
     )

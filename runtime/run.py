@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from autolayout.core import (
+    HardwareError,
     MeshError,
     Plan,
     PlanError,
@@ -308,12 +309,16 @@ def run(
         if local == plan.hardware:
             predicted = plan.predicted["step_time_s"]
         else:
-            here = evaluate(workload, hardware(local), mesh=plan.mesh, rules=plan.rules(),
-                            graph=graph())  # fmt: skip
-            predicted = here.predicted["step_time_s"]
-            notes.append(
-                f"predicted on {local} for the plan's rules (the plan is for {plan.hardware})"
-            )
+            try:
+                here = evaluate(workload, hardware(local), mesh=plan.mesh, rules=plan.rules(),
+                                graph=graph())  # fmt: skip
+            except HardwareError as e:  # a step the local profile cannot price (host moves)
+                notes.append(f"not predicted on {local}: {e}")
+            else:
+                predicted = here.predicted["step_time_s"]
+                notes.append(
+                    f"predicted on {local} for the plan's rules (the plan is for {plan.hardware})"
+                )
     return RunResult(plan, losses, times, compile_s, predicted, local, notes)
 
 

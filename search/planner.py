@@ -207,6 +207,18 @@ REMAT_CANDIDATES = ("dots_saveable", "regather", "dots_saveable+regather", "noth
 RANK_SHARE, RANK_MIN_S = 0.2, 1.0
 
 
+def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]:
+    """The policies ``remat="auto"`` tries: :data:`REMAT_CANDIDATES`; where the step tags
+    values with ``checkpoint_name``, saving those (with and without the re-gather); where
+    the profile has a host link, what dots_saveable / nothing_saveable save kept in host
+    memory."""
+    tags = checkpoint_names(graph) if graph is not None else []
+    named = (names_policy(tags), names_policy(tags) + "+regather") if tags else ()
+    host = (hw if isinstance(hw, Hardware) else hardware(hw)).chip.host_bandwidth
+    offloaded = ("dots_saveable+offload", "nothing_saveable+offload") if host else ()
+    return REMAT_CANDIDATES + named + offloaded
+
+
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
     """``plan(remat="auto")``: the step as written if it fits; else every candidate policy
     (and, where the step tags values with ``checkpoint_name``, saving those; where the
@@ -218,12 +230,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         return first
     short = dict(kw, time_limit_s=max(RANK_MIN_S, RANK_SHARE * kw["time_limit_s"]))
     tried, best = [], None
-    tags = checkpoint_names(first.graph) if first.graph is not None else []
-    named = (names_policy(tags), names_policy(tags) + "+regather") if tags else ()
-    # where the profile has a host link: the saved residuals stacked in host memory
-    host = (hw if isinstance(hw, Hardware) else hardware(hw)).chip.host_bandwidth
-    offloaded = ("dots_saveable+offload", "nothing_saveable+offload") if host else ()
-    for tag in REMAT_CANDIDATES + named + offloaded:
+    for tag in remat_candidates(first.graph, hw):
         try:
             wl = remat_workload(workload, *parse_remat(tag))
             p = plan(wl, hw, **short)

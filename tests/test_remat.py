@@ -24,6 +24,7 @@ from autolayout.cost_models import recomputed_ops
 from autolayout.cost_models.memory import lifetimes
 from autolayout.runtime.run import reference_losses, run
 from autolayout.search.baselines import standard_layout
+from autolayout.search.planner import REMAT_CANDIDATES, remat_candidates
 from conftest import MODELS, ROOT, load_model
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -266,12 +267,16 @@ def test_save_only_these_names_keeps_what_the_step_tags(scan):
 def test_auto_remat_tries_the_steps_tags_and_offload_where_there_is_a_host_link():
     """remat=auto adds saving the step's checkpoint_name tags to its candidates, and on a
     profile with a host link (a GPU's, not the CPU's one memory) offloading what is saved."""
-    for hw, offload in (("cpu-8", False), ("h100-8", True)):
-        p = al.plan(_tagged(True), hw, memory_limit=3 * 2**20, time_limit_s=1, remat="auto")
-        tried = [t["policy"] for t in p.solver["remat"]["tried"]]
+    wl = _tagged(True)
+    g = al.trace(wl)
+    for hw, offload in (("cpu-8", False), ("h100-8", True), ("tpu-v5p-8", False)):
+        tried = remat_candidates(g, hw)
         assert "save_only_these_names:mlpwi,mlpwo" in tried, tried
         assert "save_only_these_names:mlpwi,mlpwo+regather" in tried, tried
         assert ("dots_saveable+offload" in tried) == offload, (hw, tried)
+    p = al.plan(wl, "h100-8", memory_limit=3 * 2**20, time_limit_s=1, remat="auto", graph=g)
+    assert [t["policy"] for t in p.solver["remat"]["tried"]] == list(remat_candidates(g, "h100-8"))
+    assert remat_candidates(al.trace(load_model("gpt")), "cpu-8") == REMAT_CANDIDATES
     with pytest.raises(al.HardwareError, match="no chip.host_bandwidth"):
         al.plan(_tagged(True), "cpu-8", remat="dots_saveable+offload", time_limit_s=1)
 
@@ -308,6 +313,11 @@ def test_offload_keeps_the_saved_residuals_in_host_memory(scan):
     gpu = jax.jit(w.fn).trace(*w.args).lower(lowering_platforms=("cuda",)).as_text()
     assert gpu.count('_xla_buffer_placement = "pinned_host"') == m_off.count("host"), m_off
     assert gpu.count('_xla_buffer_placement = "device"') >= m_off.count("device"), m_off
+    if not scan:  # a GPU's plan runs on 8 CPU devices (one memory: not priced there, said so)
+        p = al.evaluate(w, "h100-8", mesh={"data": 8}, rules=[("batch", ("data",))])
+        r = run(p, w, steps=2)
+        assert r.losses == pytest.approx(ref, rel=1e-5) and r.predicted_s is None
+        assert any("not predicted on cpu-8" in n and "host_bandwidth" in n for n in r.notes)
 
 
 def test_a_users_offload_policy_is_priced_or_refused():
