@@ -824,6 +824,12 @@ def host_transfer(m: Machine, t: Tensor, layout: Layout, to: str) -> Comm:
     """A tensor's local part moved between HBM and host memory (``to``: "host" or
     "device"), at the profile's ``chip.host_bandwidth``."""
     bw = m.hw.chip.host_bandwidth
+    if not bw and m.hw.kind == "cpu":
+        raise HardwareError(
+            f"hardware {m.hw.name!r}: the step moves values to host memory (jax.device_put to "
+            "pinned_host, e.g. an offloading remat policy), and CPU devices have one memory: "
+            "plan it for the accelerator it is meant for (--hw h100-8, ...)"
+        )
     if not bw:
         raise HardwareError(
             f"hardware {m.hw.name!r}: the step moves values to host memory (jax.device_put to "
