@@ -5,9 +5,11 @@ HBM bandwidth of fused elementwise work, cuDNN flash attention (on NVIDIA GPUs: 
 per-call time, fitted as ``experiments/calibration_h200.py`` fits the H200 table), 3-D
 convolutions by channel count, and — on more than one device — all-gather, all-reduce,
 all-to-all and a neighbour permute on every axis of a 1-D and a 2-D mesh, fitted to
-``latency + bytes / bandwidth``. The base profile of these devices (``cpu``, ``h100``...)
-is copied and the figures measured here replace its efficiencies (or, where a measurement
-beats the base's nominal figure, the figure itself), so the file plans like any profile:
+``latency + bytes / bandwidth``; on accelerators, copies to pinned host memory and back
+(``chip.host_bandwidth``: what an offloading remat policy moves). The base profile of these
+devices (``cpu``, ``h100``...) is copied and the figures measured here replace its
+efficiencies (or, where a measurement beats the base's nominal figure, the figure itself),
+so the file plans like any profile:
 ``al.hardware("measured.toml")``. Its ``[calibration]`` section records what was measured,
 where and when — Alpa profiles a cluster before planning it; this makes the profile a file
 a team shares.
@@ -38,7 +40,7 @@ from autolayout.core import (
     profile_path,
 )
 
-__all__ = ["calibrate", "fit_rate_and_call", "write_profile"]
+__all__ = ["calibrate", "fit_rate_and_call", "host_link", "write_profile"]
 
 
 def fit_rate_and_call(work: Sequence[float], seconds: Sequence[float]) -> dict[str, Any]:
@@ -90,6 +92,26 @@ def _memory(dev, mib: Sequence[int], reps: int) -> list[dict]:
         s = _seconds(f, x, reps=reps)
         out.append({"mib": m, "seconds": s, "bytes_per_s": 2.0 * x.nbytes / s})
     return out
+
+
+def host_link(dev, mib: Sequence[int], reps: int) -> dict:
+    """Copies between the device's memory and pinned host memory (what an offloading remat
+    policy moves), each way, fitted to ``call + bytes / rate``; the slower way's rate is the
+    link's. On CPU devices (one memory) only when asked: the mechanism, not a figure."""
+    here, host = (jax.sharding.SingleDeviceSharding(dev, memory_kind=k)
+                  for k in ("device", "pinned_host"))  # fmt: skip
+    rows = []
+    for m in mib:
+        x = jax.device_put(jnp.ones((m * 2**20 // 4,), jnp.float32), here)
+        h = jax.device_put(x, host)
+        out = _seconds(lambda a: jax.device_put(a, host), x, reps=reps)
+        back = _seconds(lambda a: jax.device_put(a, here), h, reps=reps)
+        rows.append({"mib": m, "to_host_s": out, "to_device_s": back})
+    sizes = [r["mib"] * 2**20 for r in rows]
+    fits = {way: fit_rate_and_call(sizes, [r[f"{way}_s"] for r in rows])
+            for way in ("to_host", "to_device")}  # fmt: skip
+    return {"rows": rows, "bandwidth": min(f["rate"] for f in fits.values()),
+            **{f"{way}_call_s": f["call_s"] for way, f in fits.items()}}  # fmt: skip
 
 
 def _attention(dev, shapes: Sequence[tuple[int, int, int, int]], reps: int) -> dict:
@@ -237,6 +259,10 @@ def calibrate(
     say("convolutions")
     conv = _convs(dev, [8, 32] if quick else [32, 64, 128], 16 if quick else 64, reps,
                   "float32" if dev.platform == "cpu" else "bfloat16")  # fmt: skip
+    link: dict = {"skipped": "CPU devices have one memory"}
+    if dev.platform != "cpu":
+        say("host link")
+        link = host_link(dev, [8, 32] if quick else [64, 256, 1024], reps)
     coll: list[dict] = []
     if len(devices) > 1:
         say("collectives")
@@ -264,6 +290,8 @@ def calibrate(
     if "rows" in att and math.isfinite(att["rate"]) and att["rate"] > 0:
         eff["attention"] = min(1.0, att["rate"] / peaks.get("bf16", peaks[main]))
         eff["attention_call_s"] = max(att["call_s"], 0.0)
+    if "bandwidth" in link and math.isfinite(link["bandwidth"]) and link["bandwidth"] > 0:
+        chip["host_bandwidth"] = link["bandwidth"]
     prof["chip"], prof["efficiency"] = chip, eff
     fit = _collective_fit(coll) if coll else None
     if fit:
@@ -293,6 +321,8 @@ def calibrate(
         "attention": att.get("rows", []),
         "attention_note": att.get("skipped", ""),
         "conv": conv,
+        "host_link": link.get("rows", []),
+        "host_link_note": link.get("skipped", ""),
         "collectives": coll,
         "collective_fit": fit["how"] if fit else "",
     }

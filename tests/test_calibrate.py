@@ -5,10 +5,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import autolayout as al
-from autolayout.runtime.calibrate import fit_rate_and_call
+from autolayout.runtime.calibrate import fit_rate_and_call, host_link
 
 
 def test_the_rate_and_call_fit_recovers_a_line_and_holds_points_out():
@@ -18,6 +19,15 @@ def test_the_rate_and_call_fit_recovers_a_line_and_holds_points_out():
     assert fit["rate"] == pytest.approx(5e11)
     assert fit["call_s"] == pytest.approx(2e-4)
     assert fit["leave_one_out_ratio"] == pytest.approx([1.0] * 4)
+
+
+def test_the_host_link_is_timed_each_way():
+    """The host-link microbenchmark's mechanism, on a CPU device's pinned host memory (the
+    figure means nothing there: calibrate runs it on accelerators only)."""
+    got = host_link(jax.devices()[0], [1, 4], reps=2)
+    assert [r["mib"] for r in got["rows"]] == [1, 4]
+    assert all(r["to_host_s"] > 0 and r["to_device_s"] > 0 for r in got["rows"])
+    assert got["bandwidth"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +59,8 @@ def test_calibrate_writes_a_profile_that_records_what_it_measured(measured):
         for kind in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
             assert (axis, kind) in kinds
     assert "NVIDIA" in cal["attention_note"]  # skipped here, and says why
+    # no host link on CPU devices (one memory): none written, and said why
+    assert "one memory" in cal["host_link_note"] and hw.chip.host_bandwidth is None
     # the fitted figures are the measured ones
     best = max(row["flops_per_s"] for row in cal["matmul"] if row["dtype"] == "float32")
     assert hw.chip.peak_flops["f32"] >= best * 0.999

@@ -127,6 +127,8 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "attention",
             "attention_note",
             "conv",
+            "host_link",
+            "host_link_note",
             "collectives",
             "collective_fit",
         )
