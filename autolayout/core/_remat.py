@@ -344,7 +344,12 @@ def _region(
 def _moves(aval: Any) -> tuple[Any, Any]:
     """``device_put`` equations (as traced by JAX) that move a value of ``aval`` to host
     memory and back: their primitive and parameters, and the host aval."""
-    x = jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    return _moves_of(tuple(aval.shape), aval.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _moves_of(shape: tuple, dtype: Any) -> tuple[Any, Any]:
+    x = jax.ShapeDtypeStruct(shape, dtype)
     j = jax.make_jaxpr(
         lambda x: jax.device_put(jax.device_put(x, jax.memory.Space.Host), jax.memory.Space.Device)
     )(x).jaxpr  # fmt: skip
