@@ -313,6 +313,15 @@ def test_offload_keeps_the_saved_residuals_in_host_memory(scan):
     gpu = jax.jit(w.fn).trace(*w.args).lower(lowering_platforms=("cuda",)).as_text()
     assert gpu.count('_xla_buffer_placement = "pinned_host"') == m_off.count("host"), m_off
     assert gpu.count('_xla_buffer_placement = "device"') >= m_off.count("device"), m_off
+    if scan:  # nothing_saveable keeps each layer's input: offloaded, that stack is in host memory
+        act = {}
+        for tag in ("nothing_saveable", "nothing_saveable+offload"):
+            w = al.remat(wl, tag)
+            assert reference_losses(w, steps=2) == pytest.approx(ref, rel=1e-5), tag
+            p = al.evaluate(w, "h100-1", mesh={"data": 1}, rules={})
+            act[tag] = p.predicted["memory_by_category"]["activations"]
+        kept, off = act.values()
+        assert off <= kept - 6 * 16 * 64 * 128 * 4 * 0.9, act  # six layers' inputs (of 0.5 MiB)
     if not scan:  # a GPU's plan runs on 8 CPU devices (one memory: not priced there, said so)
         p = al.evaluate(w, "h100-8", mesh={"data": 8}, rules=[("batch", ("data",))])
         r = run(p, w, steps=2)

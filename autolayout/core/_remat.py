@@ -40,6 +40,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax._src import core, source_info_util
 from jax._src.ad_checkpoint import remat_p
 from jax._src.lax.control_flow import optimization_barrier_p
@@ -548,9 +549,11 @@ def remat_scans(
 
         def step(carry, x):
             out = core.eval_jaxpr(body, bconsts, *consts, *carry, *x)
-            ys = [jax.device_put(out[nk + j], jax.memory.Space.Host) if j in hosted[fi]
-                  else out[nk + j] for j in kept]  # fmt: skip
-            return out[:nk], (list(carry) if dropped[fi] else [], ys)
+            ys = [_to(out[nk + j], jax.memory.Space.Host) if j in hosted[fi] else out[nk + j]
+                  for j in kept]  # fmt: skip
+            # each layer's input, for its recomputation (in host memory too, offloaded)
+            ins = [_to(c, jax.memory.Space.Host) if offload else c for c in carry]
+            return out[:nk], (ins if dropped[fi] else [], ys)
 
         carry, (cins, ys) = jax.lax.scan(step, list(init), list(xs), length=p["length"],
                                          unroll=p["unroll"])  # fmt: skip
@@ -583,11 +586,11 @@ def remat_scans(
 
         def step(carry, x):
             xk, cin, fx = x
-            at = {q: jax.device_put(v, jax.memory.Space.Device) if q in home else v
+            at = {q: _to(v, jax.memory.Space.Device) if q in home else v
                   for q, v in zip(given, xk, strict=True)}  # fmt: skip
             ins = [*fconsts, *([None] * fnk), *([None] * len(fxs))]
             for k, c in zip(ci, cin, strict=True):
-                ins[fnc + k] = c
+                ins[fnc + k] = _to(c, jax.memory.Space.Device) if offload else c
             for k, c in zip(xi, fx, strict=True):
                 ins[fnc + fnk + k] = c
             keys = [v for v in saved_vars if isinstance(v, core.Var)]
@@ -631,6 +634,11 @@ def remat_scans(
         return [read(v) for v in jaxpr.outvars]
 
     return jax.make_jaxpr(step)(*closed.in_avals)
+
+
+def _to(x: Any, space: Any) -> Any:
+    """``x`` moved to memory ``space`` when it is an array worth moving (two axes or more)."""
+    return jax.device_put(x, space) if jnp.ndim(x) >= 2 else x
 
 
 def _regather(weights: list, subst: dict, out: list, source_info: Any) -> None:
