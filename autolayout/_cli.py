@@ -237,6 +237,13 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _gib(nbytes: float) -> str:
+    """Bytes as GiB: three decimals, or three significant digits below 1 GiB (a small
+    model's memory read 0.001 GiB against a 0.0008 GiB limit)."""
+    g = nbytes / 2**30
+    return f"{g:.3f}" if g >= 1 else f"{g:.3g}"
+
+
 def _summary_lines(plan) -> list[str]:
 
     s = plan.summary()
@@ -269,7 +276,7 @@ def _summary_lines(plan) -> list[str]:
         f"step time {s['step_time_s']:.4g} s (compute {s['compute_s']:.4g} s, communication "
         f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
         f"{s['step_time_no_overlap_s']:.4g} s)",
-        f"MFU {s['mfu']:.3f}, memory {s['memory_bytes_per_device'] / gib:.3f} GiB per device of "
+        f"MFU {s['mfu']:.3f}, memory {_gib(s['memory_bytes_per_device'])} GiB per device of "
         f"{s['memory_limit_bytes'] / gib:.3g} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
 
