@@ -12,11 +12,8 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
 from click.testing import CliRunner
-from jax.ad_checkpoint import checkpoint_name
 
 import autolayout as al
 from autolayout._cli import main
@@ -206,36 +203,9 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
         assert p.predicted["model_flops"] == pytest.approx(base["model_flops"], rel=1e-3)
 
 
-def _tagged(scan: bool, d=128, ff=512, seq=64, batch=16, vocab=256, layers=3) -> al.Workload:
+def _tagged(scan: bool, **options) -> al.Workload:
     """A user's LM with MaxText-style ``checkpoint_name`` tags, no ``al.spec`` names."""
-
-    def init(key):  # scanned: stacked weights; unrolled: a list of layers
-        ks = jax.random.split(key, 3)
-        p = {"emb": jax.random.normal(ks[0], (vocab, d)) * 0.02,
-             "up": jax.random.normal(ks[1], (layers, d, ff)) * 0.02,
-             "down": jax.random.normal(ks[2], (layers, ff, d)) * 0.02}  # fmt: skip
-        return p if scan else {"emb": p["emb"], "up": list(p["up"]), "down": list(p["down"])}
-
-    def block(x, up, down):
-        h = checkpoint_name(jnp.tanh(x) @ up, "mlpwi")
-        return x + checkpoint_name(jax.nn.gelu(h) @ down, "mlpwo")
-
-    def loss_fn(p, b):
-        x = p["emb"][b["x"]]
-        if scan:
-            x, _ = jax.lax.scan(lambda x, w: (block(x, *w), None), x, (p["up"], p["down"]))
-        else:
-            for i in range(layers):
-                x = block(x, p["up"][i], p["down"][i])
-        logits = x @ p["emb"].T
-        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
-
-    def make_batch(rng):
-        t = rng.integers(0, vocab, (batch, seq + 1)).astype(np.int32)
-        return {"x": t[:, :-1], "y": t[:, 1:]}
-
-    return al.train_workload(loss_fn, optax.sgd(1e-2), init,
-                             make_batch(np.random.default_rng(0)), make_batch)  # fmt: skip
+    return al.load_workload(MODELS / "tagged_mlp.py", scan=scan, **options)
 
 
 @pytest.mark.parametrize("scan", [False, True])
