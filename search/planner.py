@@ -208,15 +208,21 @@ RANK_SHARE, RANK_MIN_S = 0.2, 1.0
 
 
 def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]:
-    """The policies ``remat="auto"`` tries: :data:`REMAT_CANDIDATES`; where the step tags
-    values with ``checkpoint_name``, saving those (with and without the re-gather); where
-    the profile has a host link, what dots_saveable / nothing_saveable save kept in host
-    memory."""
+    """The policies ``remat="auto"`` tries: :data:`REMAT_CANDIDATES`; where the step has
+    matmuls over a batch dim (attention's scores and probabilities, materialised), saving
+    only the weight matmuls' results (Megatron-LM's selective recomputation); where the
+    step tags values with ``checkpoint_name``, saving those (with and without the
+    re-gather); where the profile has a host link, what dots_saveable / nothing_saveable
+    save kept in host memory."""
+    batched = graph is not None and any(
+        op.primitive == "dot_general" and op.param("batch") for op in graph.ops
+    )
+    selective = ("dots_with_no_batch_dims_saveable",) if batched else ()
     tags = checkpoint_names(graph) if graph is not None else []
     named = (names_policy(tags), names_policy(tags) + "+regather") if tags else ()
     host = (hw if isinstance(hw, Hardware) else hardware(hw)).chip.host_bandwidth
     offloaded = ("dots_saveable+offload", "nothing_saveable+offload") if host else ()
-    return REMAT_CANDIDATES + named + offloaded
+    return REMAT_CANDIDATES + selective + named + offloaded
 
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:

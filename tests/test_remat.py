@@ -86,7 +86,9 @@ def test_auto_remat_fits_what_the_written_step_does_not_and_runs(tmp_path):
     rm = p.solver["remat"]
     # tried: the step as written found no layout under the limit
     assert rm["policy"] != "as_written" and rm["recompute_flops_per_device"] > 0
-    assert p.summary()["memory_bytes_per_device"] <= limit and len(rm["tried"]) == 5
+    assert p.summary()["memory_bytes_per_device"] <= limit
+    assert [t["policy"] for t in rm["tried"]] == list(remat_candidates(al.trace(wl), "cpu-8"))
+    assert "dots_with_no_batch_dims_saveable" in rm["tried"][5]["policy"]  # naive attention
     assert p.options["remat_policy"] == rm["policy"]
     # each policy searched in a share of the limit; the fastest that fits searched in full
     fitting = [t["step_time_s"] for t in rm["tried"] if t.get("fits")]
@@ -246,7 +248,7 @@ def test_auto_remat_tries_the_steps_tags_and_offload_where_there_is_a_host_link(
         assert ("dots_saveable+offload" in tried) == offload, (hw, tried)
     p = al.plan(wl, "h100-8", memory_limit=3 * 2**20, time_limit_s=1, remat="auto", graph=g)
     assert [t["policy"] for t in p.solver["remat"]["tried"]] == list(remat_candidates(g, "h100-8"))
-    assert remat_candidates(al.trace(load_model("gpt")), "cpu-8") == REMAT_CANDIDATES
+    assert remat_candidates(al.trace(load_model("mlp")), "cpu-8") == REMAT_CANDIDATES
     with pytest.raises(al.HardwareError, match="CPU devices have one memory"):
         al.plan(_tagged(True), "cpu-8", remat="dots_saveable+offload", time_limit_s=1)
 
