@@ -246,8 +246,10 @@ def test_auto_remat_tries_the_steps_tags_and_offload_where_there_is_a_host_link(
         assert "save_only_these_names:mlpwi,mlpwo" in tried, tried
         assert "save_only_these_names:mlpwi,mlpwo+regather" in tried, tried
         assert ("dots_saveable+offload" in tried) == offload, (hw, tried)
-    p = al.plan(wl, "h100-8", memory_limit=3 * 2**20, time_limit_s=1, remat="auto", graph=g)
-    assert [t["policy"] for t in p.solver["remat"]["tried"]] == list(remat_candidates(g, "h100-8"))
+    # (remat="auto" searches each candidate: test_auto_remat_fits_what_the_written_step_...)
+    p = al.plan(wl, "h100-8", remat="dots_saveable+offload", time_limit_s=1)
+    assert p.solver["remat"]["policy"] == "dots_saveable+offload"
+    assert (p.collectives().kind == "offload-to-host").any()  # the search priced the moves
     assert remat_candidates(al.trace(load_model("mlp")), "cpu-8") == REMAT_CANDIDATES
     with pytest.raises(al.HardwareError, match="CPU devices have one memory"):
         al.plan(_tagged(True), "cpu-8", remat="dots_saveable+offload", time_limit_s=1)
