@@ -426,8 +426,9 @@ def _plan_options(f):
                    "fits: each searched for a fifth of --time-limit, the best in full), as_written, or a policy: nothing_saveable, dots_saveable, "
                    "dots_with_no_batch_dims_saveable, save_only_these_names:NAME,NAME (values "
                    "tagged with jax.ad_checkpoint.checkpoint_name; auto tries the step's tags), "
-                   "each with +regather (weights gathered again in the backward pass), or "
-                   "regather.")  # fmt: skip
+                   "each with +regather (weights gathered again in the backward pass) and/or "
+                   "+offload (what it saves kept in host memory, where the profile gives "
+                   "chip.host_bandwidth), or regather.")  # fmt: skip
 @click.option("--pipeline", is_flag=True,
               help="Also try pipeline stages: a scanned layer stack split over a 'stage' axis "
                    "(the slowest links), the batch cut into microbatches.")  # fmt: skip

@@ -131,14 +131,14 @@ def lifetimes(
     out = []
     for i, op in enumerate(g.ops):
         born = start.get(op.name, i) if op.primitive in LOOP_OPS else i
-        stacked = op.param("num_carry", 0) if stacks_at_start and op.primitive == "scan" else None
+        # a scan's outputs: its carries, then its stacks
+        stacks = op.param("num_carry", 0) if stacks_at_start and op.primitive == "scan" else None
         for k, t in enumerate(op.outputs):
-            if stacked is not None and k >= stacked:
-                born = 0
             tt = g.tensors[t]
             if t in inputs or t in aliased or t in source or tt.role == "input" or tt.host:
                 continue  # (a value in host memory takes no HBM)
-            out.append((t, born, max(last.get(t, i), i)))  # never read: freed right after
+            first = 0 if stacks is not None and k >= stacks else born
+            out.append((t, first, max(last.get(t, i), i)))  # never read: freed right after
     return out + _conv_layout_copies(g)
 
 

@@ -226,11 +226,9 @@ def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]
 
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
-    """``plan(remat="auto")``: the step as written if it fits; else every candidate policy
-    (and, where the step tags values with ``checkpoint_name``, saving those; where the
-    profile gives a host link, offloading what is saved) searched for a share of the time
-    limit, and the fastest that fits (else the one that needs least memory) searched in
-    full."""
+    """``plan(remat="auto")``: the step as written if it fits; else every policy of
+    :func:`remat_candidates` searched for a share of the time limit, and the fastest that
+    fits (else the one that needs least memory) searched in full."""
     first = plan(workload, hw, graph=graph, **kw)
     if first.status != "INFEASIBLE":
         return first

@@ -32,6 +32,12 @@ def _plain(v: Any) -> Any:
 _DTYPE_NAMES: dict[Any, str] = {}  # a jax dtype -> its numpy name
 
 
+def in_host_memory(aval: Any) -> bool:
+    """Whether a value of ``aval`` lives in host memory (``jax.device_put`` to
+    ``pinned_host``: memory space Host)."""
+    return str(getattr(aval, "memory_space", "")).endswith("Host")
+
+
 class _Builder:
     """Collects tensors, ops and axis links while the jaxpr is walked."""
 
@@ -84,7 +90,7 @@ class _Builder:
         self.dtypes.append(dtype)
         self.roles.append(role)
         self.paths.append(path)
-        self.hosts.append(str(getattr(aval, "memory_space", "")).endswith("Host"))
+        self.hosts.append(in_host_memory(aval))
         self.offsets.append(self.nax)
         self.nax += len(shape)
         return len(self.shapes) - 1

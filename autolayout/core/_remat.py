@@ -45,6 +45,7 @@ from jax._src import core, source_info_util
 from jax._src.ad_checkpoint import remat_p
 from jax._src.lax.control_flow import optimization_barrier_p
 
+from ._builder import in_host_memory
 from ._errors import WorkloadError
 from ._report import _NUMBERED, _layer_key
 from ._trace import _user_names, closed_parts, gpu_kernels_traceable
@@ -363,13 +364,11 @@ def _offload(eqns: list, end: int, outvars: list) -> tuple[list, list]:
     reads it, tied to a cotangent so XLA does not hoist the copy back into the forward pass
     (as ``jax.checkpoint_policies.offload_dot_with_no_batch_dims`` leaves them). Loop
     results stay (a scanned stack is offloaded inside its scan, :func:`remat_scans`)."""
-    made = {}
-    for e in eqns[: end + 1]:
-        if e.primitive.name not in _LOOPS and not e.effects:
-            made.update((v, e) for v in e.outvars if not isinstance(v, core.DropVar))
+    made = {v for e in eqns[: end + 1] if e.primitive.name not in _LOOPS and not e.effects
+            for v in e.outvars if not isinstance(v, core.DropVar)}  # fmt: skip
     wanted = {v: None for e in eqns[end + 1 :] for v in e.invars
               if isinstance(v, core.Var) and v in made and len(v.aval.shape) >= 2
-              and not str(getattr(v.aval, "memory_space", "")).endswith("Host")}  # fmt: skip
+              and not in_host_memory(v.aval)}  # fmt: skip
     if not wanted:
         return eqns, outvars
     out, host = [], {}
@@ -533,9 +532,9 @@ def remat_scans(
             dropped[fi] = again
             pairs[gi] = (fi, {pos: j for j, ps in ys.items() for pos in ps})
             # the saved residuals only this backward scan reads: stacked in host memory
+            # (those worth moving, :func:`_to`)
             hosted[fi] = {j for j in ys if offload and j not in again
-                          and readers.get(F.outvars[nk + j], set()) <= {gi}
-                          and len(F.outvars[nk + j].aval.shape) >= 2}  # fmt: skip
+                          and readers.get(F.outvars[nk + j], set()) <= {gi}}  # fmt: skip
     if not pairs:
         return closed
     stash: dict[int, tuple] = {}
