@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import json
 import os
 import shutil
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import click
@@ -24,7 +24,10 @@ from .core import (
     ModelFileError,
     Plan,
     PlanError,
+    atomic_write,
     axes_in_use,
+    check_limit,
+    check_writable,
     collectives_by_kind,
     diff,
     hardware,
@@ -42,8 +45,9 @@ from .core import (
 from .cost_models import evaluate, kernel_notes
 from .runtime import calibrate, init_distributed, run, validate, write_profile
 from .search import compare as search_compare
+from .search import mark as mark_interrupted
 from .search import plan as search_plan
-from .search import standard_layout
+from .search import standard_layout, stoppable
 
 
 def parse_sets(items: tuple[str, ...]) -> dict[str, Any]:
@@ -94,6 +98,9 @@ class _Group(click.Group):
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C outside a search (a search ends with its plan)
+            click.echo("autolayout: interrupted (SIGINT)", err=True)
+            sys.exit(130)
         except BrokenPipeError:  # the reader left (`autolayout plan ... | head`): stop quietly
             try:
                 sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter's flush at exit
@@ -157,6 +164,7 @@ def hw_cmd(name: str | None) -> None:
 def calibrate_cmd(n_devices, base, quick, out) -> None:
     """Measure these devices (matmuls, HBM, attention, convolutions, collectives on every
     mesh axis) into a hardware profile file that plans like any other."""
+    check_writable(out)
     devices = jax.devices()
     if n_devices is not None:
         if n_devices < 1 or n_devices > len(devices):
@@ -305,6 +313,8 @@ def _summary_lines(plan) -> list[str]:
 def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
 
+    if out:
+        check_writable(out)
     hw = hardware(hw_name, hw_devices)
     wl = load_workload(model, target=hw, **parse_sets(sets))
     g = trace(wl)
@@ -398,6 +408,31 @@ class _Progress:
         self.bar.update(self.tasks[stage], completed=event["done"], description=f"{label} ({mesh})")
 
 
+def _stoppable(command):
+    """A search command that the first SIGINT/SIGTERM ends with the best plan found so far
+    (printed, and written where asked) and exit status 130/143; a second ends it at once
+    (``search.interrupt``)."""
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs) -> None:
+        with stoppable() as stop:
+            try:
+                command(*args, **kwargs)
+            except SystemExit:  # an INFEASIBLE plan's status 1: the signal's comes first
+                if stop.signal is None:
+                    raise
+        if stop.signal is not None:
+            sys.exit(stop.exit_code)
+
+    return run_command
+
+
+def _checked_limits(time_limit: float, memory_limit: float | None = None) -> None:
+    check_limit("--time-limit", time_limit, "seconds")
+    if memory_limit is not None:
+        check_limit("--memory-limit", memory_limit, "GiB")
+
+
 def _plan_options(f):
     f = click.option(
         "--time-limit",
@@ -438,10 +473,16 @@ def _plan_options(f):
               show_default=True,
               help="gpipe (what autolayout run runs) or 1f1b (priced as Megatron-LM runs it).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
+@_stoppable
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
              deterministic, remat, pipeline, stages, microbatches, schedule, out) -> None:  # fmt: skip
-    """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time)."""
+    """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time).
+    The first Ctrl-C (or SIGTERM) ends the search with the best plan found so far (written
+    to --out, exit status 130 or 143); a second stops at once."""
 
+    _checked_limits(time_limit, memory_limit)
+    if out:
+        check_writable(out)
     hw = hardware(hw_name, hw_devices)
     wl = load_workload(model, target=hw, **parse_sets(sets))
     mesh = _mesh(mesh_text) if mesh_text else None
@@ -451,6 +492,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
                  objective=objective, deterministic=deterministic, remat=remat,
                  pipeline=pipeline or bool(microbatches), stages=stages,
                  microbatches=microbatches, schedule=schedule)  # fmt: skip
+    mark_interrupted(p)
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
         click.echo(
@@ -518,10 +560,12 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
 
 @main.command("compare")
 @_plan_options
+@_stoppable
 def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
     """One table: the planner's layout beside DP, FSDP, Megatron, 2-D, Megatron+FSDP and
     (for convolutions) spatial partitioning."""
 
+    _checked_limits(time_limit)
     hw = hardware(hw_name, hw_devices)
     wl = load_workload(model, target=hw, **parse_sets(sets))
     with _Progress() as progress:
@@ -551,6 +595,8 @@ def compare_cmd(model, hw_name, hw_devices, sets, time_limit) -> None:
 def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     """Read a plan file: its summary, the costliest ops, time per layer and per collective."""
 
+    if html_out:
+        check_writable(html_out, "--html")
     plan = Plan.load(plan_path)
     if by not in plan.report().columns:
         raise click.BadParameter(f"no column {by!r} in the report", param_hint="--by")
@@ -647,6 +693,8 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     """Train MODEL.py laid out as PLAN for N steps: per-step loss and time, then measured
     against predicted step time."""
 
+    if out:
+        check_writable(out)
     plan = Plan.load(plan_path)
     procs = num_processes or 1
     if coordinator:
@@ -694,7 +742,7 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
         f"{pred}{ratio}; compile {res.compile_s:.1f} s"
     )
     if out:
-        Path(out).write_text(json.dumps(res.to_dict(), indent=1))
+        atomic_write(out, json.dumps(res.to_dict(), indent=1))
 
 
 def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):

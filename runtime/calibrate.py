@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from autolayout.core import (
     ATTENTION_BWD_FLOPS,
     HardwareError,
+    atomic_write,
     attention_keys,
     load_profile,
     profile_path,
@@ -356,6 +357,4 @@ def write_profile(prof: dict[str, Any], path: str | Path) -> Path:
         if sec == "":
             continue
         lines += ["", f"[{sec}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
-    p = Path(path)
-    p.write_text("\n".join(lines) + "\n")
-    return p
+    return atomic_write(path, "\n".join(lines) + "\n")

@@ -6,5 +6,8 @@ planner that puts them together (``planner``). Installed as ``autolayout.search`
 from .baselines import NAMES as NAMES
 from .baselines import standard_layout as standard_layout
 from .baselines import standard_layouts as standard_layouts
+from .interrupt import interrupted as interrupted
+from .interrupt import mark as mark
+from .interrupt import stoppable as stoppable
 from .planner import compare as compare
 from .planner import plan as plan

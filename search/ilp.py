@@ -43,6 +43,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from .interrupt import interrupted, on_interrupt, restore_handlers
 from .liveness import MemoryRow
 from .request import Request
 
@@ -101,9 +102,12 @@ def solve(
     ticks = [0]
 
     def late(every: int = 1) -> bool:
-        """Whether the wall-clock limit has passed (checked once per ``every`` calls)."""
+        """Whether the wall-clock limit has passed, or a Ctrl-C/SIGTERM came (checked once
+        per ``every`` calls)."""
         ticks[0] += 1
-        return deadline is not None and ticks[0] % every == 0 and time.perf_counter() > deadline
+        if ticks[0] % every:
+            return False
+        return interrupted() or (deadline is not None and time.perf_counter() > deadline)
 
     def gave_up() -> Solution:
         return Solution("UNKNOWN", None, None, None, time.perf_counter() - t0, 0, 0, 0.0)
@@ -257,7 +261,16 @@ def solve(
         # seed and CP-SAT's deterministic parallel search (its workers interleaved)
         solver.parameters.random_seed = 0
         solver.parameters.interleave_search = True
-    code = solver.solve(model)
+    # our handlers stop the solve (a Ctrl-C CP-SAT caught would end it unseen, and it leaves
+    # SIG_DFL behind at the C level: the next Ctrl-C killed the process without a word)
+    solver.parameters.catch_sigint_signal = False
+    if interrupted():
+        return gave_up()
+    try:
+        with on_interrupt(solver.stop_search):
+            code = solver.solve(model)
+    finally:
+        restore_handlers()
     dtime = float(solver.response_proto.deterministic_time)
     status = _STATUS.get(code, "UNKNOWN")
     proto = model.proto

@@ -181,7 +181,32 @@ memory_headroom = 0.9
         ),
         (
             lambda s: s.replace("bandwidth = 4.5e11", 'bandwidth = "450 GB/s"'),
-            r"x.toml: key 'nvlink.bandwidth' must be bytes per second, one way, per GPU \(a positive number\), got '450 GB/s'",
+            r"x.toml: key 'nvlink.bandwidth' must be bytes per second, one way, per GPU \(a positive finite number\), got '450 GB/s'",
+        ),
+        # TOML reads inf and nan as floats; an infinite bandwidth made every transfer free
+        (
+            lambda s: s.replace("hbm_bandwidth = 3e12", "hbm_bandwidth = inf"),
+            r"x.toml: key 'chip.hbm_bandwidth' must be .* \(a positive finite number\), got inf$",
+        ),
+        (
+            lambda s: s.replace("bandwidth = 4.5e11", "bandwidth = nan"),
+            r"x.toml: key 'nvlink.bandwidth' must be .* \(a positive finite number\), got nan$",
+        ),
+        (
+            lambda s: s.replace("latency_s = 4e-6", "latency_s = -4e-6"),
+            r"x.toml: key 'network.latency_s' must be .* \(a positive finite number\), got -4e-06$",
+        ),
+        (
+            lambda s: s.replace("hbm_bytes = 8e10", "hbm_bytes = 0"),
+            r"x.toml: key 'chip.hbm_bytes' must be .* \(a positive finite number\), got 0$",
+        ),
+        (
+            lambda s: s.replace("bf16 = 1e15", "bf16 = -inf"),
+            r"x.toml: key 'chip.peak_flops.bf16' must be FLOP/s \(a positive finite number\), got -inf$",
+        ),
+        (
+            lambda s: s.replace("overlap = 0.5", "overlap = nan"),
+            r"x.toml: key 'efficiency.overlap' must be .* \(a number from 0 to 1\), got nan$",
         ),
         (
             lambda s: s.replace("hbm_bytes = 8e10\n", ""),

@@ -3,6 +3,10 @@ workloads, hardware profiles, layouts, and ``Plan`` (a layout with its predictio
 with the reports over it). Nothing here imports ``cost_models``, ``search`` or
 ``runtime``; what those folders use of it is exported here."""
 
+from ._atomic import atomic_write as atomic_write
+from ._checks import InputError as InputError
+from ._checks import check_limit as check_limit
+from ._checks import check_writable as check_writable
 from ._dim_rules import ATTENTION_BWD as ATTENTION_BWD
 from ._dim_rules import ATTENTION_BWD_FLOPS as ATTENTION_BWD_FLOPS
 from ._dim_rules import ATTENTION_FWD as ATTENTION_FWD

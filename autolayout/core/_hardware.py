@@ -330,8 +330,8 @@ def _check_value(where: str, key: str, typ: str, what: str, v: Any) -> Any:
     elif typ == "int":
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise bad()
-    elif typ == "num":
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+    elif typ == "num":  # TOML reads inf and nan as floats: a bandwidth of inf plans nonsense
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
             raise bad()
         v = float(v)
     elif typ == "frac":
@@ -355,7 +355,7 @@ def _kind_word(typ: str) -> str:
         "str": "a string",
         "bool": "true or false",
         "int": "a positive integer",
-        "num": "a positive number",
+        "num": "a positive finite number",
         "frac": "a number from 0 to 1",
         "flops": "a table of dtype = FLOP/s",
     }.get(typ, "one of " + ", ".join(repr(c) for c in _CHOICES.get(typ, ())))

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 
+from ._atomic import atomic_write
 from ._errors import PlanError
 from ._layout import Layout, mesh_text, partition_spec
 from ._report import figures, html_page, html_summary, report_frame
@@ -117,7 +118,7 @@ class Plan:
         ``path`` when given."""
         page = html_page(self)
         if path is not None:
-            Path(path).write_text(page)
+            atomic_write(path, page)
         return page
 
     def rules(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -230,7 +231,8 @@ class Plan:
         }
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=_jsonable))
+        """Writes the plan file (atomically: a reader sees the old plan or the new one)."""
+        atomic_write(path, json.dumps(self.to_dict(), indent=1, default=_jsonable))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "plan") -> Plan:
