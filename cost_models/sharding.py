@@ -198,30 +198,61 @@ def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
 
 
 def from_partial(
-    m: Machine, t: Tensor, produced: Layout, partial: tuple[str, ...], dst: Layout
+    m: Machine,
+    t: Tensor,
+    produced: Layout,
+    partial: tuple[str, ...],
+    dst: Layout,
+    stepwise: bool = False,
 ) -> list[Comm]:
     """Completes a partial result (summed over ``partial`` mesh axes) into layout ``dst``.
 
-    A partial axis that ``dst`` splits ``t`` on is reduce-scattered (on backends that have
-    one; else all-reduced and sliced), the rest all-reduced; then :func:`reshard`.
+    A partial axis that ``dst`` splits ``t`` on is reduce-scattered first, the rest then
+    all-reduced on the scattered piece; then :func:`reshard`. On a backend without
+    reduce-scatter (XLA:CPU) it depends on the op (measured, 8 CPU devices): a matmul or
+    conv (``stepwise``: XLA's dot handler partitions to the output's split) is computed at
+    the splits of ``dst`` that are not partial, all-reduces the whole buffer once per tensor
+    axis ``dst`` splits on partial axes alone (slicing after), then the rest of the partial
+    axes on the slice: partial over ``a, b, c`` into ``[a, b]`` is an all-reduce over ``b``
+    and one over ``a`` of the whole and one over ``c`` of a quarter. Any other op (a reduce,
+    a scatter-add) all-reduces the whole buffer over every partial axis, then slices.
     """
-    if not partial:
-        return reshard(m, t, tuple(tuple(x) for x in produced), dst)
-    out: list[Comm] = []
     cur = [tuple(x) for x in produced]
-    dp = _axis_positions(dst)
+    if not partial:
+        return reshard(m, t, tuple(cur), dst)
+    out: list[Comm] = []
+    combinable = m.combinable(t)
+
+    def all_reduce(axes) -> Comm:
+        result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
+        return m.comm("all-reduce", tuple(axes), result, t.name, "partial", combinable)
+
     used = {a for axes in cur for a in axes}
-    scatter = [a for a in partial if a in dp and a not in used] if m.reduce_scatter else []
-    rest = tuple(a for a in partial if a not in scatter)
-    if scatter:
-        for a in scatter:
-            cur[dp[a]] = cur[dp[a]] + (a,)
-        result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-        out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial",
-                          m.combinable(t)))  # fmt: skip
+    if m.reduce_scatter:
+        dp = _axis_positions(dst)
+        scatter = [a for a in partial if a in dp and a not in used]
+        if scatter:
+            for a in scatter:
+                cur[dp[a]] = cur[dp[a]] + (a,)
+            result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
+            out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial",
+                              combinable))  # fmt: skip
+        rest = tuple(a for a in partial if a not in scatter)
+    elif stepwise:
+        new = [d[len(c) :] if d[: len(c)] == c else () for c, d in zip(cur, dst, strict=True)]
+        scatter = [a for a in new if a and set(a) <= set(partial) and not set(a) & used]
+        for j, a in enumerate(new):  # the splits that are no partial axis: computed so
+            if a and not set(a) & (set(partial) | used):
+                cur[j] = cur[j] + a
+        out += [all_reduce(a) for a in reversed(scatter)]
+        for j, a in enumerate(new):
+            if a in scatter:
+                cur[j] = cur[j] + a
+        rest = tuple(a for a in partial if not any(a in s for s in scatter))
+    else:
+        rest = partial
     if rest:
-        result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
-        out.append(m.comm("all-reduce", rest, result, t.name, "partial", m.combinable(t)))
+        out.append(all_reduce(rest))
     return out + reshard(m, t, tuple(cur), dst)
 
 
@@ -771,9 +802,10 @@ def op_cost(
             resharded.add(key)
         comms += reshard(m, g.tensors[t], layouts[t], wanted[t])
     halo_comms, halo_flops = conv_split(m, g, op, groups, assign, wanted)
+    stepwise = op.primitive in MATRIX_OPS  # XLA's dot handler splits a partial result stepwise
     comms += halo_comms
     for t in op.outputs:
-        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t])
+        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], stepwise)
     split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split * halo_flops
     moved = op.param("to") if op.primitive == "device_put" else None
