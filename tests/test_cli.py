@@ -201,6 +201,19 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(monkeypatch):
     assert isinstance(r.exception, RuntimeError)
 
 
+def test_ctrl_c_outside_a_search_is_one_line_and_status_130(monkeypatch):
+    """A Ctrl-C in a command without a search (trace, run, validate) printed click's
+    "Aborted!" and exit status 1; a search's own answer is tests/test_interrupts.py's."""
+    import autolayout._cli as cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "trace", interrupted)
+    r = run("trace", str(MODELS / "gpt.py"))
+    assert r.exit_code == 130 and r.output == "autolayout: interrupted (SIGINT)\n", r.output
+
+
 def test_a_users_mesh_keeps_its_names_and_rules_read_once_per_dim(tmp_path):
     """--mesh data=2,model=4 came back as model=2 x model2=4; a user's unrolled layers
     printed one rule per layer copy."""
