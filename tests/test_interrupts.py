@@ -38,6 +38,9 @@ def caught(sig: int, pid: int | str = "self") -> bool:
 
 
 def signal_self_and_wait(stop, sig=signal.SIGINT) -> None:
+    """Sends ``sig`` to this process inside a :func:`stoppable` block (there only: outside
+    the main thread nothing is installed, and the signal would end the test run)."""
+    assert threading.current_thread() is threading.main_thread()
     os.kill(os.getpid(), sig)
     t = time.perf_counter()
     while stop.signal is None and time.perf_counter() - t < 2:
