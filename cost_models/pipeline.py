@@ -44,6 +44,7 @@ from autolayout.core import (
 from .compute import peak_flops
 from .plans import evaluate, output_layouts
 from .pricing import step_time
+from .sharding import Machine, index_alignment
 
 SCHEDULES = ("gpipe", "1f1b", "circular")
 RUNNABLE = ("gpipe",)  # schedules al.apply runs (a pipelined scan, forward then backward)
@@ -121,11 +122,15 @@ def part_of(stage: Plan, stack: Stack) -> dict[str, str]:
     }  # fmt: skip
 
 
-def _parts(stage: Plan, stack: Stack, reduce_once: bool) -> dict[str, list[float]]:
+def _parts(
+    stage: Plan, stack: Stack, reduce_once: bool, hw: Hardware, stages: int
+) -> dict[str, list[float]]:
     """Per part (stack, edge, once): [compute s, comm s, FLOPs] per device of one stage's step
     on one microbatch; ``reduce_once``: the gradients' reductions moved to ``once`` (1F1B as
     Megatron-LM runs it accumulates gradients over microbatches; the runtime's pipelined scan
-    reduces each microbatch's, as XLA partitions a sum carried by a loop)."""
+    reduces each microbatch's, as XLA partitions a sum carried by a loop). The edge's gathers
+    and scatters are partitioned on the whole mesh (:func:`edge_alignment`): their tables'
+    moves are the whole mesh's, once a step where they carry no batch."""
     where = part_of(stage, stack)
     parts = {"stack": [0.0, 0.0, 0.0], "edge": [0.0, 0.0, 0.0], "once": [0.0, 0.0, 0.0]}
     for r in stage.ops:
@@ -133,6 +138,12 @@ def _parts(stage: Plan, stack: Stack, reduce_once: bool) -> dict[str, list[float
         parts[p][0] += r["compute_s"] * r["trips"]
         parts[p][1] += r["comm_s"] * r["trips"]
         parts[p][2] += r["flops"] * r["trips"]
+    for c in stage.collectives_:  # the edge's indexed tables as the whole mesh moves them
+        if c["why"] == "align" and where.get(c["op"], "edge") == "edge":
+            parts["edge"][1] -= c["time_s"] * c["count"]
+    for c in edge_alignment(stage, stack, hw, stages):
+        batch = stack.batch in stage.graph.tensors[c["tensor"]].dims
+        parts["edge" if batch else "once"][1] += c["time_s"] * (1 if batch else c["count"])
     for c in stage.collectives_ if reduce_once else ():
         if c["combined"] and c["kind"] in _REDUCTIONS:  # a gradient: reduced once a step
             p = where.get(c["op"], "edge")
@@ -140,6 +151,30 @@ def _parts(stage: Plan, stack: Stack, reduce_once: bool) -> dict[str, list[float
                 parts[p][1] -= c["time_s"] * c["count"]
                 parts["once"][1] += c["time_s"] * c["count"]
     return parts
+
+
+def edge_alignment(stage: Plan, stack: Stack, hw: Hardware, stages: int) -> list[dict]:
+    """The collective-permutes (:func:`index_alignment`) of the edge's gathers and scatters
+    as XLA partitions them on the whole mesh, ``stage`` outermost: outside the pipelined scans
+    the stage axis is one more mesh axis their tables are replicated on (the pipelined GPT's
+    vocab-split embedding on stage x data x model: its block moved onto ``stage`` and its
+    gradient back, measured), one row per move, bytes per microbatch where they carry the
+    batch (``step_collectives`` scales them)."""
+    g = stage.graph
+    where = part_of(stage, stack)
+    m = Machine(hw, {"stage": stages, **stage.mesh})
+    out = []
+    for op in g.ops:
+        if where.get(op.name, "edge") != "edge":
+            continue
+        reads = stage.reads.get(op.name, {})
+        wanted = {t: reads.get(t, stage.layouts[t]) for t in op.inputs}
+        produced = {t: stage.layouts[t] for t in op.outputs}
+        for c in index_alignment(m, g, op, wanted, produced):
+            out.append({"op": op.name, "kind": c.kind, "axes": c.axes, "bytes": c.bytes,
+                        "time_s": c.time_s, "count": 1, "tensor": c.tensor, "why": c.why,
+                        "combined": c.combined})  # fmt: skip
+    return out
 
 
 def residual_bytes(stage: Plan, stack: Stack) -> int:
@@ -187,7 +222,7 @@ def price_pipeline(
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     P, M, R = stages, microbatches, max(1, repeats if schedule == "circular" else 1)
     ov = hw.efficiency.overlap
-    parts = _parts(stage, stack, reduce_once=schedule == "1f1b")
+    parts = _parts(stage, stack, schedule == "1f1b", hw, stages)
     t = {k: step_time(c, m, ov)[0] for k, (c, m, _) in parts.items()}
     bw, lat, link = stage_link(hw, P)
     sent = carry_bytes(stage, stack)
@@ -302,7 +337,7 @@ def pipelined_plan(
         pred["memory_limit_bytes"] = memory_limit
         pred["fits"] = pred["memory_bytes_per_device"] <= memory_limit
     pipe = pred["pipeline"]
-    colls = step_collectives(stage, stack, pred["pipeline"], schedule)
+    colls = step_collectives(stage, stack, pred["pipeline"], schedule, hw)
     status = stage.status if stage.status in ("OPTIMAL", "FEASIBLE") else "FEASIBLE"
     if not pred["fits"]:
         status = "INFEASIBLE"
@@ -347,7 +382,9 @@ def _staged(g: Graph, t: str, lay, stack: Stack):
     return tuple(("stage", *a) if k == i else tuple(a) for k, a in enumerate(lay))
 
 
-def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> list[dict]:
+def step_collectives(
+    stage: Plan, stack: Stack, pipe: dict, schedule: str, hw: Hardware
+) -> list[dict]:
     """The whole pipelined step's collectives from one stage's on one microbatch: the stack's
     run in every slot, the edge's once on the whole batch (a tensor with the batch dim moves
     ``M`` times the bytes), the optimizer's once; then each scan's carries sent between
@@ -355,7 +392,9 @@ def step_collectives(stage: Plan, stack: Stack, pipe: dict, schedule: str) -> li
     g, M, slots = stage.graph, pipe["microbatches"], pipe["slots"]
     where = part_of(stage, stack)
     out = []
-    for c in stage.collectives_:
+    own = [c for c in stage.collectives_  # the edge's table moves: the whole mesh's instead
+           if c["why"] != "align" or where.get(c["op"], "edge") != "edge"]  # fmt: skip
+    for c in own + edge_alignment(stage, stack, hw, pipe["stages"]):
         p = where.get(c["op"], "edge")
         c = dict(c)
         if p == "stack":
