@@ -5,3 +5,7 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# plans are budgeted in work (the same plan at any load); their wall-clock safety stop waits
+# ten time limits here, so that a busy CI machine does not cut a plan a test checks
+# (tests/test_clock.py checks the stop at its default)
+os.environ.setdefault("AUTOLAYOUT_WALL_SLACK", "10")

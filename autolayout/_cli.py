@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 from typing import Any
 
 import click
@@ -44,10 +45,10 @@ from .core import (
 )
 from .cost_models import evaluate, kernel_notes
 from .runtime import calibrate, init_distributed, run, validate, write_profile
+from .search import WORK_SHARE, standard_layout, stoppable
 from .search import compare as search_compare
 from .search import mark as mark_interrupted
 from .search import plan as search_plan
-from .search import standard_layout, stoppable
 
 
 def parse_sets(items: tuple[str, ...]) -> dict[str, Any]:
@@ -439,7 +440,8 @@ def _plan_options(f):
         "time_limit",
         default=60.0,
         show_default=True,
-        help="Seconds for the search.",
+        help="Seconds for the whole command, loading the model included (the search works "
+        "half of it by default; the rest is a margin for a slower or busier machine).",
     )(f)
     f = _set_option(f)
     f = _devices_option(f)
@@ -454,11 +456,13 @@ def _plan_options(f):
 @click.option("--objective", type=click.Choice(["time", "memory"]), default="time",
               show_default=True,
               help="Least step time that fits, or least memory per device (Mesh-TF's auto_mtf).")  # fmt: skip
-@click.option("--deterministic", is_flag=True,
-              help="The same plan on every run: the time limit counts solver work, not seconds.")  # fmt: skip
+@click.option("--deterministic/--wall-clock", default=True, show_default=True,
+              help="Budget the search in work (the same plan on any machine and load; the "
+                   "limit is a safety stop), or in the wall clock's seconds.")  # fmt: skip
 @click.option("--remat", default="auto", show_default=True,
               help="auto (the step as written where it fits, else the fastest remat policy that "
-                   "fits: each searched for a fifth of --time-limit, the best in full), as_written, or a policy: nothing_saveable, dots_saveable, "
+                   "fits: the candidates ranked on a share of the budget, the best searched "
+                   "with the rest), as_written, or a policy: nothing_saveable, dots_saveable, "
                    "dots_with_no_batch_dims_saveable, save_only_these_names:NAME,NAME (values "
                    "tagged with jax.ad_checkpoint.checkpoint_name; auto tries the step's tags), "
                    "each with +regather (weights gathered again in the backward pass) and/or "
@@ -479,7 +483,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time).
     The first Ctrl-C (or SIGTERM) ends the search with the best plan found so far (written
     to --out, exit status 130 or 143); a second stops at once."""
-
+    started = time.perf_counter()  # the time limit counts from here: loading the model too
     _checked_limits(time_limit, memory_limit)
     if out:
         check_writable(out)
@@ -491,7 +495,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
                  objective=objective, deterministic=deterministic, remat=remat,
                  pipeline=pipeline or bool(microbatches), stages=stages,
-                 microbatches=microbatches, schedule=schedule)  # fmt: skip
+                 microbatches=microbatches, schedule=schedule, started_at=started)  # fmt: skip
     mark_interrupted(p)
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
@@ -530,13 +534,13 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             + ", recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
             + (
-                f"; each policy searched for {rm.get('ranked_s', 0):.3g} s, then "
+                f"; each policy ranked on {rm.get('ranked_s', 0):.3g} s of the budget, then "
                 + (
                     "the fastest that fits"
                     if p.predicted["fits"]
                     else "none fits: the least memory"
                 )
-                + f" in full: {tried_text}"
+                + f" searched with the rest: {tried_text}"
                 if tried_text
                 else ""
             )
@@ -551,7 +555,13 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         ("not reached in the time limit", ("SKIPPED",)),
     )}  # fmt: skip
     parts = ", ".join(f"{n} {what}" for what, n in count.items() if n)
-    click.echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s")
+    work = (
+        f", {p.solver['work_s']:.1f} s of work of a {p.solver['time_limit_s'] * WORK_SHARE:.3g} s "
+        "budget"
+        if p.solver.get("deterministic")
+        else ""
+    )
+    click.echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s{work}")
     if p.solver.get("source", "search") != "search":
         click.echo(f"chosen: {p.solver['source']}")
     if p.status == "INFEASIBLE":

@@ -6,6 +6,7 @@ planner that puts them together (``planner``). Installed as ``autolayout.search`
 from .baselines import NAMES as NAMES
 from .baselines import standard_layout as standard_layout
 from .baselines import standard_layouts as standard_layouts
+from .clock import WORK_SHARE as WORK_SHARE
 from .interrupt import interrupted as interrupted
 from .interrupt import mark as mark
 from .interrupt import stoppable as stoppable

@@ -1,38 +1,78 @@
-"""The planner's clock: wall time, or (deterministic) a count of work, with the wall clock
-as a backstop; every deadline of the search reads it, and every CP-SAT solve is charged to it
-(``solve``). ``using`` makes one the current clock for a plan."""
+"""The planner's clock. By default it counts **work**, not wall time: each CP-SAT solve's
+deterministic time and its model's size, each candidate priced, each request built and each
+op traced, charged at what it costs on the reference machine (:data:`Clock` constants,
+fitted by ``experiments/clock_calibration.py``). Every deadline of the search reads it, so a
+plan is the same on an idle and on a busy machine, and on the next one.
+
+The wall clock stays as a safety stop: the whole call ends by its time limit (from the
+moment the caller started it, loading the model included), and a plan cut by it says so
+(``plan.solver["deterministic"]`` False, ``plan.solver["stopped"]``). The work budget is
+:data:`WORK_SHARE` of the time limit, so the stop fires only on a machine that runs the
+search more than ``1 / WORK_SHARE`` times slower than the reference.
+
+``deterministic=False`` makes the clock the wall clock (the search then uses every second
+of its limit, and its answer may depend on the machine's load).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Iterator
 
-from . import ilp
-from .request import Request
+from autolayout.core import PlanError
+
+from .interrupt import interrupted
+
+# of a time limit, the work the search is given: the rest is the margin for a machine slower
+# or busier than the reference (two busy-loop processes beside a plan on two cores run it
+# ~1.5x slower) and for work the charges below miss
+WORK_SHARE = 0.5
+
+
+def wall_slack() -> float:
+    """How many time limits the wall-clock stop waits: 1, or ``AUTOLAYOUT_WALL_SLACK`` (the
+    test suite sets 10, so that a busy CI machine does not cut the plans it checks)."""
+    text = os.environ.get("AUTOLAYOUT_WALL_SLACK", "1")
+    try:
+        slack = float(text)
+    except ValueError:
+        slack = math.nan
+    if not 1 <= slack < math.inf:
+        raise PlanError(f"AUTOLAYOUT_WALL_SLACK must be a number >= 1, got {text!r}")
+    return slack
 
 
 class Clock:
-    """Wall time, or (deterministic) a count of work: each CP-SAT solve's deterministic time
-    and its model's size, and a fixed charge per priced candidate and per mesh shape, so
-    deadlines fall at the same point of the search on any machine and any load."""
+    """Wall time, or (deterministic) a count of work in reference seconds: the charges below,
+    each fitted to this project's reference machine (2 cores; ``experiments/
+    clock_calibration.py``, CPU seconds of the plans of the example models)."""
 
-    PRICE_S = 0.02  # a priced rule-set candidate
-    SHAPE_S = 0.2  # a request built for a mesh shape
-    # an ILP's variable or constraint, built in Python: CP-SAT's deterministic time leaves
-    # out the model's building, which was most of the wall time (GPT-3 shapes, 2 layers,
-    # least-memory models of 150k elements: 3-4 s built, 0.1-0.5 s deterministic; a 20 s
-    # limit ran 57-120 s); measured 1.4e-5-2e-5 s an element on the 2-core machine
-    ELEMENT_S = 2e-5
+    # CP-SAT: its deterministic time undercounts large layout models (one unit took 0.8 s of
+    # CPU on 4k-element models and 5 s on 40k ones): charged per unit by the model's size
+    SAT_S = 0.6
+    SAT_PER_ELEMENT_S = 1.1e-4
+    # an ILP's variable or constraint, built in Python and loaded into CP-SAT
+    ELEMENT_S = 3.5e-5
+    PRICE_NODE_S = 9e-6  # a candidate priced (step time and memory walk), per request node
+    NODE_COST_S = 3.5e-5  # a node's cost under a strategy, priced the first time it is read
+    READ_COST_S = 1.8e-5  # a resharding's cost, priced the first time it is read
+    BUILD_OP_S = 3.5e-5  # a mesh shape's request built, per op of the graph
+    TRACE_OP_S = 2.5e-4  # an op traced (the step's jaxpr made and walked, names given)
+    ANALYSE_OP_S = 3e-5  # the mesh-independent analysis, per op
+    FINAL_OP_S = 2.5e-4  # the winner priced exactly and its report's rows, per op
 
-    def __init__(self, deterministic: bool = False) -> None:
+    def __init__(self, deterministic: bool = True, wall_end: float = math.inf) -> None:
         self.deterministic = deterministic
         self.virtual = 0.0
-        # deterministic: past this wall time every deadline has passed (the limit holds),
-        # and ``walled`` says the plan may differ between runs
-        self.wall_end = math.inf
+        self.end = math.inf  # the call's budget ends here, in this clock's units
+        # past this wall time every deadline has passed (the limit holds), and ``walled``
+        # says the plan may differ between runs
+        self.wall_end = wall_end
         self.walled = False
+        self.late = 0.0  # the last reading after the stop
         self.phases: dict[str, float] = {}  # wall seconds per phase of the plan
         self._mark = time.perf_counter()
 
@@ -43,22 +83,45 @@ class Clock:
         self._mark = t
 
     def now(self) -> float:
-        if not self.deterministic:
-            return time.perf_counter()
-        if time.perf_counter() > self.wall_end:
+        if interrupted() or time.perf_counter() > self.wall_end:
             self.walled = True
-            return self.virtual + 1e9  # beyond any deadline
-        return self.virtual
+            # each reading 1e9 s past the last: past every deadline, also one set from a
+            # reading after the stop (with math.inf, now() + share * (deadline - now()) is nan,
+            # which no comparison passes)
+            self.late = max(self.late, self.virtual, time.perf_counter()) + 1e9
+            return self.late
+        return self.virtual if self.deterministic else time.perf_counter()
 
     def charge(self, seconds: float) -> None:
         self.virtual += seconds
 
+    @staticmethod
+    def least_work(ops: int) -> float:
+        """The work a plan of a graph of ``ops`` ops takes at the least: traced, analysed,
+        one mesh shape's request built, the winner priced exactly."""
+        return ops * (Clock.TRACE_OP_S + Clock.ANALYSE_OP_S + Clock.BUILD_OP_S + Clock.FINAL_OP_S)
 
-_CURRENT = [Clock()]
+    def wall_left(self) -> float:
+        return self.wall_end - time.perf_counter()
+
+    @staticmethod
+    def sat_work(deterministic_s: float, elements: int) -> float:
+        """What a CP-SAT solve is charged: its deterministic time, scaled by its model's
+        size, and the model's building."""
+        per_unit = Clock.SAT_S + Clock.SAT_PER_ELEMENT_S * elements
+        return deterministic_s * per_unit + Clock.ELEMENT_S * elements
+
+
+_CURRENT: list[Clock | None] = [None]
 
 
 def clock() -> Clock:
-    """The clock of the plan being made."""
+    """The clock of the plan being made (a wall clock outside a plan)."""
+    return _CURRENT[0] or Clock(deterministic=False)
+
+
+def active() -> Clock | None:
+    """The clock of an enclosing plan call, if any."""
     return _CURRENT[0]
 
 
@@ -76,12 +139,7 @@ def now() -> float:
     return clock().now()
 
 
-def charged_solve(req: Request, **kw) -> ilp.Solution:
-    if clock().deterministic:
-        kw["wall_limit_s"] = max(0.05, clock().wall_end - time.perf_counter())
-        kw["element_s"] = Clock.ELEMENT_S  # charged below: the model's building is in the limit
-    sol = ilp.solve(req, deterministic=clock().deterministic, **kw)
-    if clock().deterministic and time.perf_counter() >= clock().wall_end:
-        clock().walled = True  # the backstop, not the work, ended this solve
-    clock().charge(sol.deterministic_s + Clock.ELEMENT_S * (sol.variables + sol.constraints))
-    return sol
+def charge(seconds: float) -> None:
+    """Charges work to the current plan's clock (nothing outside a plan)."""
+    if _CURRENT[0] is not None:
+        _CURRENT[0].charge(seconds)

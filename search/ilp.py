@@ -35,6 +35,7 @@ breaks the limit (the liveness peaks that bind).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -86,6 +87,7 @@ def solve(
     deterministic: bool = False,
     wall_limit_s: float | None = None,
     element_s: float = 0.0,
+    sat_s: tuple[float, float] = (1.0, 0.0),
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
@@ -93,11 +95,14 @@ def solve(
     time instead of wall time, so the same request gives the same answer on any load.
     Otherwise ``time_limit_s`` is wall time and covers building the model too (its Python
     side takes seconds on 25k nodes): past it, status UNKNOWN and no choice.
-    ``wall_limit_s`` (deterministic): a wall-clock backstop for the solve itself.
+    ``wall_limit_s``: a wall-clock backstop for the solve itself (deterministic; otherwise
+    the earlier of it and ``time_limit_s``).
     ``element_s`` (deterministic): what the caller charges for building each variable and
-    constraint, taken out of ``time_limit_s`` (as wall time covers the building)."""
+    constraint, taken out of ``time_limit_s`` (as wall time covers the building); ``sat_s``:
+    what it charges per unit of CP-SAT's deterministic time, ``(a, b)``: ``a + b x`` the
+    model's variables and constraints."""
     t0 = time.perf_counter()
-    limit = wall_limit_s if deterministic else time_limit_s
+    limit = wall_limit_s if deterministic else min(time_limit_s, wall_limit_s or math.inf)
     deadline = None if limit is None else t0 + max(0.05, float(limit))
     ticks = [0]
 
@@ -247,7 +252,10 @@ def solve(
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
         size = len(model.proto.variables) + len(model.proto.constraints)
-        solver.parameters.max_deterministic_time = max(0.05, time_limit_s - element_s * size)
+        per_unit = sat_s[0] + sat_s[1] * size
+        solver.parameters.max_deterministic_time = max(
+            0.01, (time_limit_s - element_s * size) / per_unit
+        )
         net = 60.0 * max(1.0, float(time_limit_s))  # a net, or the caller's wall-clock limit
         if deadline is not None:
             net = min(net, max(0.05, deadline - time.perf_counter()))

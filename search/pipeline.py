@@ -28,6 +28,7 @@ from autolayout.core import (
 from autolayout.cost_models import RUNNABLE, evaluate, pipelined_plan, stage_hardware
 
 from .baselines import standard_layouts
+from .clock import Clock, charge, now
 
 FULL = 3  # candidates searched in full after the hand-layout pass
 MICROBATCHES = (1, 2, 4, 8)  # microbatches per stage tried: M = P x these
@@ -81,6 +82,7 @@ def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
     """The fastest fitting standard layout of one stage's step (else the least memory)."""
     best, key = None, None
     for mesh, rules in standard_layouts(sg, sub.num_devices).values():
+        charge(Clock.FINAL_OP_S * len(sg.ops))  # priced exactly, as a plan's winner is
         try:
             p = evaluate(swl, sub, mesh=mesh, rules=rules, graph=sg)
         except AutolayoutError:
@@ -103,13 +105,16 @@ def plan_pipelined(
     microbatches: int | None = None,
     schedule: str = "gpipe",
     plan_fn: Any = None,
-    deterministic: bool = False,
 ) -> tuple[Plan | None, list[dict[str, Any]], str]:
     """The best pipelined plan of ``workload`` on ``hw`` (``None`` where there is none), what
     was tried (one row per candidate), and why there is none. ``plan_fn``: the planner, for a
-    stage's full search."""
-    t0 = time.perf_counter()
-    g = trace(workload) if graph is None else graph
+    stage's full search. ``time_limit_s`` is in the plan's clock (:mod:`.clock`): work, or
+    wall seconds."""
+    t0, start = time.perf_counter(), now()
+    g = graph
+    if g is None:
+        g = trace(workload)
+        charge(Clock.TRACE_OP_S * len(g.ops))
     stack = find_stack(g)
     if isinstance(stack, str):
         return None, [], stack
@@ -129,13 +134,14 @@ def plan_pipelined(
     tried, priced = [], []
 
     def hand(P: int, M: int) -> None:
-        if time.perf_counter() - t0 > time_limit_s / 2 and priced:
+        if now() - start > time_limit_s / 2 and priced:
             tried.append({"stages": P, "microbatches": M, "status": "SKIPPED"})
             return
         sub = stage_hardware(hw, P)
         try:
             swl = stage_workload(workload, g, stack, P, M)
             sg = trace(swl)
+            charge(Clock.TRACE_OP_S * len(sg.ops))
         except Exception as e:  # a model that does not trace at a stage's shapes
             tried.append({"stages": P, "microbatches": M, "status": "ERROR",
                           "error": f"{type(e).__name__}: {e}"[:200]})  # fmt: skip
@@ -163,18 +169,18 @@ def plan_pipelined(
     priced.sort(key=lambda r: r[:2])
     best = priced[0][-1]
     top = priced[:FULL]
-    share = max(1.0, (time_limit_s - (time.perf_counter() - t0)) / len(top))
+    share = (time_limit_s - (now() - start)) / len(top)
     for _, _, P, M, swl, sg, sub, hand, pp in top:
         if plan_fn is None:
             break
         s, hs = pp.predicted, hand.predicted
         # what the pipeline adds to one stage's step, as the hand layout has it
         extra = s["memory_bytes_per_device"] - hs["memory_bytes_per_device"]
-        if limit - extra <= 0:
+        if limit - extra <= 0 or share <= 0:
             continue
         try:
             inner = plan_fn(swl, sub, graph=sg, memory_limit=limit - extra,
-                            time_limit_s=share, deterministic=deterministic)  # fmt: skip
+                            time_limit_s=share)  # fmt: skip
         except AutolayoutError as e:
             tried.append({"stages": P, "microbatches": M, "status": "ERROR", "error": str(e)})
             continue

@@ -38,6 +38,7 @@ from autolayout.core import (
     Plan,
     PlanError,
     Workload,
+    check_limit,
     checkpoint_names,
     gc_paused,
     hardware,
@@ -51,8 +52,9 @@ from autolayout.core import remat as remat_workload
 from autolayout.cost_models import check_mesh, donated_inputs, evaluate, recomputed_ops
 
 from .baselines import layouts_and_misses
-from .clock import Clock, clock, now, using
+from .clock import WORK_SHARE, Clock, active, charge, clock, now, using, wall_slack
 from .final import _to_plan
+from .interrupt import interrupted, interruptible
 from .meshes import mesh_shapes
 from .pipeline import plan_pipelined, rank
 from .refine import FULL_LIMIT, least_memory, refine
@@ -76,6 +78,7 @@ SEED_SHARE = 0.5  # of the time left that pricing the hand layouts on every shap
 SWEEP_SHARE = 0.5  # of the time left for the greedy descent on every shape, when nothing fits
 
 
+@interruptible
 def plan(
     workload: Workload,
     hw: Hardware | str,
@@ -90,65 +93,99 @@ def plan(
     full_limit: int = FULL_LIMIT,
     refine_shapes: int = REFINE,
     objective: str = "time",
-    deterministic: bool = False,
+    deterministic: bool = True,
     remat: str = "as_written",
     pipeline: bool = False,
     stages: int | None = None,
     microbatches: int | None = None,
     schedule: str = "gpipe",
+    started_at: float | None = None,
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
     memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
 
+    ``time_limit_s`` bounds the whole call, tracing included, on the wall clock (from
+    ``started_at``, a ``time.perf_counter()`` reading, where the caller began earlier: the
+    CLI before loading the model). ``deterministic`` (the default): the search's budget
+    counts work, not seconds (CP-SAT's deterministic time with one worker and a fixed seed,
+    a fixed charge per candidate priced, request built and op traced; :mod:`.clock`), so one
+    question gives one plan on an idle or a busy machine; the wall clock is a safety stop
+    only: where it ends the search, ``plan.solver["deterministic"]`` is False and
+    ``plan.solver["stopped"]`` says so. ``deterministic=False``: the search uses the wall
+    clock's seconds (an answer that may depend on the machine's load).
+
     ``remat``: ``"as_written"`` (the step as it is), a policy of :func:`al.remat`
     (``"dots_saveable"``, ``"nothing_saveable+regather"``, ...), or ``"auto"``: the step as
-    written where a plan of it fits, else each policy searched for a fifth of the time
-    limit, and the fastest that fits searched in full (``plan.solver["remat"]`` says what was chosen, the
-    FLOPs recomputed and what was tried).
+    written where a plan of it fits, else each policy ranked on a share of the budget, and
+    the fastest that fits searched with the rest (``plan.solver["remat"]`` says what was
+    chosen, the FLOPs recomputed and what was tried).
 
     ``pipeline``: also try pipeline stages (a scanned layer stack split over a ``stage``
     axis, the batch cut into microbatches; ``stages`` / ``microbatches`` fix them, and imply
-    it); half the time goes to each, and the faster that fits is returned
+    it); half the budget goes to each, and the faster that fits is returned
     (``plan.solver["pipeline"]`` on a pipelined plan, ``plan.solver["pipeline_choice"]`` on
     both: what each would take).
 
     ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
     per device (ties: the faster), whether or not it fits.
-
-    ``deterministic``: the same plan on every run and machine load. ``time_limit_s`` then
-    counts work, not wall time (CP-SAT's deterministic time, one worker, a fixed seed, and a
-    fixed charge per candidate priced), and tracing is not counted; the wall clock still
-    holds the limit: where it comes first, ``plan.solver["deterministic"]`` is False and
-    ``plan.solver["stopped"]`` says so.
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
     hw = hardware(hw) if isinstance(hw, str) else hw
-    if (why := target_mismatch(workload, hw.kind)) is not None:
-        warnings.warn(why, stacklevel=2)
+    if active() is None:  # the call itself: its clock, and the limit made a budget
+        return _call(workload, hw, time_limit_s, deterministic, started_at, dict(
+            mesh=mesh, memory_limit=memory_limit, share=share, graph=graph,
+            progress=progress, prune=prune, full_limit=full_limit,
+            refine_shapes=refine_shapes, objective=objective, remat=remat,
+            pipeline=pipeline, stages=stages, microbatches=microbatches, schedule=schedule))  # fmt: skip
+    # inside a call: ``time_limit_s`` is this part's share of its budget, in clock units
     kw = dict(mesh=mesh, memory_limit=memory_limit, time_limit_s=time_limit_s, share=share,
               progress=progress, prune=prune, full_limit=full_limit,
-              refine_shapes=refine_shapes, objective=objective, deterministic=deterministic)  # fmt: skip
+              refine_shapes=refine_shapes, objective=objective)  # fmt: skip
     if pipeline or stages:
         return _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule)
     if remat == "auto":
         return _auto_remat(workload, hw, graph, kw)
     if remat != "as_written":
         return plan(remat_workload(workload, *parse_remat(remat)), hw, **kw)
-    with using(Clock(deterministic)) as c:
-        with gc_paused():
-            p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
-                      prune, full_limit, refine_shapes, objective)  # fmt: skip
-        c.mark("final")  # pricing the winner exactly, the report's tables
-        p.solver["phases_s"] = dict(c.phases)
-        _record_remat(p, workload.options.get("remat_policy", "as_written"))
-        if c.walled:
-            p.solver["deterministic"] = False
-            p.solver["stopped"] = (
-                "the wall-clock limit came before the work limit: this plan may differ "
-                "between runs (a larger --time-limit gives a reproducible one)"
-            )
-        return p
+    with gc_paused():
+        p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
+                  prune, full_limit, refine_shapes, objective)  # fmt: skip
+    clock().mark("final")  # pricing the winner exactly, the report's tables
+    _record_remat(p, workload.options.get("remat_policy", "as_written"))
+    return p
+
+
+def _call(workload, hw, time_limit_s, deterministic, started_at, kw) -> Plan:
+    """One ``al.plan`` call: a clock whose wall-clock stop is the time limit from
+    ``started_at``, and a budget of :data:`WORK_SHARE` of the limit in work (deterministic)
+    or the seconds left (wall clock)."""
+    check_limit("time_limit_s", time_limit_s, "seconds")
+    if kw["memory_limit"] is not None:
+        check_limit("memory_limit", kw["memory_limit"], "bytes")
+    if (why := target_mismatch(workload, hw.kind)) is not None:
+        warnings.warn(why, stacklevel=3)
+    start = time.perf_counter() if started_at is None else started_at
+    with using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack())) as c:
+        budget = (
+            WORK_SHARE * time_limit_s
+            if deterministic
+            else start + time_limit_s - time.perf_counter()
+        )
+        c.end = c.now() + budget
+        p = plan(workload, hw, time_limit_s=budget, **kw)
+    p.solver["phases_s"] = dict(c.phases)
+    p.solver["wall_s"] = time.perf_counter() - start
+    p.solver["time_limit_s"] = time_limit_s
+    p.solver["deterministic"] = deterministic and not c.walled
+    if deterministic:
+        p.solver["work_s"] = c.virtual
+    if c.walled:
+        p.solver["stopped"] = (
+            f"the wall-clock limit ({time_limit_s:g} s) came before the search's work was done: "
+            "this plan may differ between runs (a larger --time-limit gives a reproducible one)"
+        )
+    return p
 
 
 def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule) -> Plan:
@@ -170,7 +207,7 @@ def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedul
     pp, tried, why = plan_pipelined(
         workload, hw, graph=graph, time_limit_s=half["time_limit_s"],
         memory_limit=kw["memory_limit"], stages=stages, microbatches=microbatches,
-        schedule=schedule, plan_fn=stage_plan, deterministic=kw["deterministic"],
+        schedule=schedule, plan_fn=stage_plan,
     )  # fmt: skip
     if pp is None and base is None:
         raise PlanError(f"cannot pipeline: {why}")
@@ -200,11 +237,13 @@ def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedul
 # dots_saveable+regather 0.62)
 REMAT_CANDIDATES = ("dots_saveable", "regather", "dots_saveable+regather", "nothing_saveable",
                     "nothing_saveable+regather")  # fmt: skip
-# of the time limit, each candidate's own search while ranking them (at least RANK_MIN_S):
-# priced in the as-written plan's layout instead, none fitted there (its least-memory
-# layout, 9.8 s a step) and the least memory won: nothing_saveable+regather, MFU 0.56,
-# where a search of dots_saveable fits at 0.63 (gpt3-xl scan=true on tpu-v4-256)
-RANK_SHARE, RANK_MIN_S = 0.2, 1.0
+# remat="auto" splits its budget: the step as written first (AUTO_FIRST of it); where that
+# fits, the rest searches it again from scratch and the faster plan is kept; where it does
+# not, AUTO_RANK of what is left ranks the candidates (each its equal part: a search of its
+# own, since priced in the as-written plan's layout none fitted there and the least memory
+# won, nothing_saveable+regather at MFU 0.56 where dots_saveable fits at 0.63, gpt3-xl
+# scan=true on tpu-v4-256), and the fastest that fits is searched with the rest
+AUTO_FIRST, AUTO_RANK = 0.3, 0.5
 
 
 def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]:
@@ -227,17 +266,29 @@ def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
     """``plan(remat="auto")``: the step as written if it fits; else every policy of
-    :func:`remat_candidates` searched for a share of the time limit, and the fastest that
-    fits (else the one that needs least memory) searched in full."""
-    first = plan(workload, hw, graph=graph, **kw)
-    if first.status != "INFEASIBLE":
+    :func:`remat_candidates` ranked on an equal part of a share of the budget, and the fastest
+    that fits (else the one that needs least memory) searched with the rest."""
+    end = now() + kw["time_limit_s"]
+    first = plan(
+        workload, hw, graph=graph, **dict(kw, time_limit_s=AUTO_FIRST * kw["time_limit_s"])
+    )
+    if interrupted():  # a Ctrl-C: the answer so far, no candidates after it
         return first
-    short = dict(kw, time_limit_s=max(RANK_MIN_S, RANK_SHARE * kw["time_limit_s"]))
+    if first.status != "INFEASIBLE":
+        again = plan(workload, hw, graph=first.graph, **dict(kw, time_limit_s=end - now()))
+        return _faster(first, again)
+    cands = remat_candidates(first.graph, hw)
+    # as many as the budget can plan at all, in their order (each is traced, seeded on one
+    # mesh shape at least and priced exactly)
+    least = Clock.least_work(len(first.graph.ops)) if clock().deterministic else 0.0
+    share = AUTO_RANK * max(0.0, end - now())  # nothing where the wall-clock stop has come
+    fit = max(1, min(len(cands), int(share // least))) if least > 0 else len(cands)
+    each = share / fit
     tried, best = [], None
-    for tag in remat_candidates(first.graph, hw):
+    for tag in cands[:fit]:
         try:
             wl = remat_workload(workload, *parse_remat(tag))
-            p = plan(wl, hw, **short)
+            p = plan(wl, hw, **dict(kw, time_limit_s=each))
         except AutolayoutError as e:  # a step the rewrite or the search refuses
             tried.append({"policy": tag, "error": str(e)})
             continue
@@ -249,21 +300,29 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         key = (not fits, s["step_time_s"] if fits else s["memory_bytes_per_device"])
         if best is None or key < best[0]:
             best = (key, wl, p)
+    for tag in cands[fit:]:
+        tried.append({"policy": tag, "error": "not ranked: the time limit leaves no budget for it"})
     if best is None:
         first.solver["remat"]["tried"] = tried
         return first
-    # the chosen step searched in full, on the graph its ranking traced; the ranking's own
-    # plan where the full search (wall-clock, under load) came out slower
+    # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
+    # own plan where that search came out slower
     ranked = best[2]
-    chosen = plan(best[1], hw, graph=ranked.graph, **kw)
-    if ranked.status != "INFEASIBLE" and (
-        chosen.status == "INFEASIBLE"
-        or ranked.predicted["step_time_s"] < chosen.predicted["step_time_s"]
-    ):
-        chosen = ranked
+    chosen = _faster(
+        ranked, plan(best[1], hw, graph=ranked.graph, **dict(kw, time_limit_s=end - now()))
+    )
     chosen.solver["remat"]["tried"] = tried
-    chosen.solver["remat"]["ranked_s"] = short["time_limit_s"]
+    chosen.solver["remat"]["ranked_s"] = each
     return chosen
+
+
+def _faster(a: Plan, b: Plan) -> Plan:
+    """The plan that fits (``b`` where both or neither do) and is faster (``a`` on a tie)."""
+    if (a.status == "INFEASIBLE") != (b.status == "INFEASIBLE"):
+        return b if a.status == "INFEASIBLE" else a
+    if b.status == "INFEASIBLE":
+        return b
+    return b if b.predicted["step_time_s"] < a.predicted["step_time_s"] else a
 
 
 def _record_remat(p: Plan, tag: str) -> None:
@@ -280,11 +339,14 @@ def _record_remat(p: Plan, tag: str) -> None:
 def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress, prune,
           full_limit, refine_shapes, objective) -> Plan:  # fmt: skip
     t0 = time.perf_counter()
+    c = clock()
+    deadline = min(now() + time_limit_s, c.end)
     hw = hardware(hw) if isinstance(hw, str) else hw
     if graph is None:
         graph = trace(workload)
+        charge(Clock.TRACE_OP_S * len(graph.ops))
     t_trace = time.perf_counter() - t0
-    clock().mark("trace")
+    c.mark("trace")
     limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
     donated = donated_inputs(workload, graph)
     ta = time.perf_counter()
@@ -294,19 +356,45 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         donated=donated,
         stacks_at_start=hw.efficiency.scan_stacks_at_start,
     )
-    clock().mark("analyse")
+    charge(Clock.ANALYSE_OP_S * len(graph.ops))
+    c.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)
-    deadline = (now() if clock().deterministic else t0) + time_limit_s
-    # time for the final exact pricing, walks like analyse's, and for pricing a fitting hand
-    # layout exactly while one may fit
-    analyse_s, cap = time.perf_counter() - ta, FINAL_SHARE * time_limit_s
-    final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, cap)
-    hand_s = min(FINAL_HAND_FACTOR * analyse_s, cap - final)
-    if clock().deterministic:  # work sets the deadlines; the wall clock is a backstop
-        clock().wall_end = t0 + time_limit_s - final - hand_s
-        hand_s = 0.0
+    # kept for the final exact pricing (walks like analyse's), and for pricing a fitting hand
+    # layout exactly while one may fit: in work where the clock counts work, and on the wall
+    # clock (the safety stop) either way
+    analyse_s = time.perf_counter() - ta
+    final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, FINAL_SHARE * time_limit_s)
+    hand_s = min(FINAL_HAND_FACTOR * analyse_s, FINAL_SHARE * time_limit_s - final)
+    if c.deterministic:
+        work = min(Clock.FINAL_OP_S * len(graph.ops), FINAL_SHARE * time_limit_s)
+        final_res, hand_res = work, min(FINAL_HAND_FACTOR * work, FINAL_SHARE * time_limit_s - work)
     else:
-        deadline -= final + hand_s
+        final_res, hand_res = final, hand_s
+    deadline -= final_res + hand_res
+    wall_end = c.wall_end
+    c.wall_end = wall_end - final - hand_s  # the search's own safety stop
+    try:
+        win, results, status, stopped = _search(
+            graph, hw, st, shapes, mesh, limit, deadline, hand_res, progress, prune,
+            full_limit, refine_shapes, objective, workload, t0, t_trace,
+        )  # fmt: skip
+    finally:
+        c.wall_end = wall_end
+    if isinstance(win, Plan):  # objective="memory" answers with a plan
+        return win
+    p = _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
+    charge(Clock.FINAL_OP_S * len(graph.ops))
+    if stopped:
+        p.solver["stopped"] = stopped
+    return p
+
+
+def _search(graph, hw, st, shapes, mesh, limit, deadline, hand_s, progress, prune, full_limit,
+            refine_shapes, objective, workload, t0, t_trace):  # fmt: skip
+    """Seeds every shape, refines the best, and picks the winner: ``(winner, every shape's
+    result, status, why the search stopped early)``; a plan where ``objective="memory"``.
+    ``hand_s``: kept from the budget for pricing a fitting hand layout exactly at the end,
+    given back where none fits."""
     slots: list[ShapeResult | None] = [None] * len(shapes)
     # 1. the hand layouts on every shape, in half the time left at most (the rest refines)
     seed_deadline = now() + SEED_SHARE * (deadline - now())
@@ -318,7 +406,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
             slots[i] = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note=note)
             continue
         req = build(st, hw, shape)
-        clock().charge(Clock.SHAPE_S)
+        charge(Clock.BUILD_OP_S * len(graph.ops))
         sd = seeds(req, limit, deadline, greedy=False)
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
         r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req,
@@ -333,8 +421,9 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     if not any(c.fits(limit) for r in results for c in (r.hand or {}).values()):
         deadline += hand_s  # no hand layout to price exactly at the end (_hand_exactly)
     if objective == "memory":
-        return _least_memory_plan(workload, graph, hw, results, limit, deadline, t0, t_trace, st,
-                                  refine_shapes, progress)  # fmt: skip
+        p = _least_memory_plan(workload, graph, hw, results, limit, deadline, t0, t_trace, st,
+                               refine_shapes, progress)  # fmt: skip
+        return p, results, p.status, ""
     # 2. greedy rules and the ILP on the shapes with the best seeds
     order = sorted((r for r in results if r.best is not None), key=lambda r: _score(r.best, limit))
     if order and not any(r.best.fits(limit) for r in order):
@@ -414,10 +503,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
             "the search on the winning shape ended before its proof (its share of the time "
             "limit, or its rounds), with time left: best found, not proven optimal"
         )
-    p = _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
-    if stopped:
-        p.solver["stopped"] = stopped
-    return p
+    return win, results, status, stopped
 
 
 def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
@@ -518,6 +604,7 @@ def _least_memory_plan(workload, g, hw, results, limit, deadline, t0, t_trace, s
     return plan
 
 
+@interruptible
 def compare(
     workload: Workload,
     hw: Hardware | str,

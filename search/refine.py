@@ -4,10 +4,11 @@ with memory rows added at the peak of each solution that breaks the limit."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from . import ilp
-from .clock import charged_solve, now
+from .clock import Clock, clock, now
 from .liveness import memory_peak, memory_row
 from .request import Request
 from .seeds import Candidate, _score
@@ -17,6 +18,20 @@ MAX_ROUNDS = 6  # neighbourhood rounds per shape
 MAX_ROWS = 12  # memory rows added per solve
 ROUND_S = 2.0  # CP-SAT time per neighbourhood round at most
 FULL_S = 10.0  # CP-SAT time for a whole (small) formulation at most
+
+
+def charged_solve(req: Request, **kw) -> ilp.Solution:
+    """``ilp.solve`` under the plan's clock: its wall-clock stop, its work charged."""
+    c = clock()
+    kw["wall_limit_s"] = max(0.05, c.wall_left()) if math.isfinite(c.wall_end) else None
+    if c.deterministic:
+        kw["element_s"] = Clock.ELEMENT_S  # charged below: the model's building is in the limit
+        kw["sat_s"] = (Clock.SAT_S, Clock.SAT_PER_ELEMENT_S)
+    sol = ilp.solve(req, deterministic=c.deterministic, **kw)
+    if c.wall_left() <= 0:
+        c.walled = True  # the stop, not the work, ended this solve
+    c.charge(Clock.sat_work(sol.deterministic_s, sol.variables + sol.constraints))
+    return sol
 
 
 def _with_rows(req: Request, rows: list, solve, deadline: float | None = None):

@@ -46,6 +46,7 @@ from autolayout.cost_models import (
     step_time,
 )
 
+from .clock import Clock, charge
 from .structure import Structure
 
 
@@ -147,6 +148,7 @@ class Request:
         v = self._node_cost.get(key)
         if v is not None:
             return v
+        charge(Clock.NODE_COST_S)
         st, g, m = self.structure, self.graph, self.machine
         node = self.nodes[n]
         count = len(node.members)
@@ -193,6 +195,7 @@ class Request:
         key = (tt.shape, tt.dtype, a, b, r.boundary)
         v = self._read_cost.get(key)
         if v is None:
+            charge(Clock.READ_COST_S)
             if r.boundary is None:
                 comms = reshard(self.machine, tt, self.layouts[a], self.layouts[b])
             else:

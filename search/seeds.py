@@ -13,7 +13,7 @@ from autolayout.core import Graph, RuleError
 from autolayout.cost_models import RuleSet
 
 from .baselines import batch_dim, layouts_on
-from .clock import Clock, clock, now
+from .clock import Clock, charge, now
 from .liveness import memory_peak
 from .request import Request
 
@@ -78,7 +78,7 @@ def _score(c: Candidate, limit: int) -> tuple[int, float]:
 
 
 def _candidate(req: Request, choice: list[int], source: str) -> Candidate:
-    clock().charge(Clock.PRICE_S)
+    charge(Clock.PRICE_NODE_S * len(req.nodes))
     mem, _ = memory_peak(req, choice)
     return Candidate(list(choice), req.objective(choice), mem, source)
 

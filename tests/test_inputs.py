@@ -73,11 +73,6 @@ def test_al_plan_refuses_a_bad_time_limit(value):
         al.plan(load_model("mlp"), "cpu-8", time_limit_s=value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="search/planner.py does not check memory_limit yet (issue 34 item 5: "
-    "check_limit('memory_limit', memory_limit, 'bytes') in plan(), asked of its owner)",
-)
 def test_al_plan_refuses_a_negative_memory_limit():
     with pytest.raises(
         ValueError, match=r"memory_limit must be a positive finite number of bytes, got -1"

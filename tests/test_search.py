@@ -21,6 +21,7 @@ from autolayout.search import refine as rf
 from autolayout.search import request as rq
 from autolayout.search import seeds as seeding
 from autolayout.search import structure as st_mod
+from autolayout.search.clock import WORK_SHARE
 from autolayout.search.meshes import factorisations, mesh_shapes
 
 MODELS = "experiments/models"
@@ -247,18 +248,20 @@ def test_lower_bounds_prune_shapes_and_prove_the_plan_optimal():
 
 
 def test_deterministic_plan_stays_near_its_work_limit():
-    """Deterministic mode counts work, not seconds, but the count includes building each ILP
-    (CP-SAT's deterministic time leaves it out): GPT-3 shapes at 2 layers with 1 GiB a
+    """The work clock counts what the search does, CP-SAT's model building and presolve
+    included (its deterministic time leaves them out): GPT-3 shapes at 2 layers with 1 GiB a
     device (nothing fits, so the least-memory ILPs run) at a 10 s limit took 48 s of wall
-    time when only the solver's time was counted; measured 6.8 s with the build counted."""
+    time when only the solver's time was counted. Held on CPU time, which a busy machine
+    leaves as it is (the wall time is a benchmark's): at most twice the work charged."""
     wl = al.load_workload(
         f"{MODELS}/gpt.py", size="gpt3-175b", layers=2, remat="full", attention="naive"
     )
-    t0 = time.perf_counter()
-    p = al.plan(wl, "tpu-v4-1024", time_limit_s=10, memory_limit=2**30, deterministic=True)
-    wall = time.perf_counter() - t0
-    assert p.status == "INFEASIBLE"
-    assert wall < 20, (wall, p.solver["phases_s"])
+    c0 = time.process_time()
+    p = al.plan(wl, "tpu-v4-1024", time_limit_s=10, memory_limit=2**30)
+    cpu = time.process_time() - c0
+    assert p.status == "INFEASIBLE" and p.solver["deterministic"]
+    assert p.solver["work_s"] <= 10 * WORK_SHARE * 1.25, p.solver["work_s"]
+    assert cpu < 2 * p.solver["work_s"], (cpu, p.solver["work_s"], p.solver["phases_s"])
 
 
 def test_infeasible_memory_reports_least():
