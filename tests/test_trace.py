@@ -396,3 +396,66 @@ def test_a_scanned_mlp_without_names_gets_its_roles():
     specs = {k: jax.ShapeDtypeStruct((B, W), jnp.float32) for k in ("x", "y")}
     g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), init, specs, make_batch))
     assert {"layers": L, "batch": B, "d_model": W, "d_ff": H}.items() <= g.dims.items(), g.dims
+
+
+def test_a_step_carrying_its_jaxpr_is_walked_not_traced_again():
+    """A step function that interprets a jaxpr (a rewrite of another step's) may carry it as
+    ``fn.closed_jaxpr``: the tracer walks it instead of tracing the Python again (the same
+    graph), unless the workload's arguments have other shapes (one pipeline stage's)."""
+    from autolayout.core._trace import trace_with_jaxpr
+
+    wl = load_model("gpt", remat="full")
+    calls = []
+
+    def step(params, opt_state, batch):
+        calls.append(1)
+        return wl.fn(params, opt_state, batch)
+
+    step.closed_jaxpr = jax.make_jaxpr(wl.fn)(*wl.args)
+    carried = al.Workload(step, wl.args, donate_argnums=wl.donate_argnums, name=wl.name)
+    g1, _, visits1 = trace_with_jaxpr(wl)
+    g2, closed, visits2 = trace_with_jaxpr(carried)
+    assert not calls and closed is step.closed_jaxpr
+    assert (g1.ops, g1.tensors, g1.dim_info) == (g2.ops, g2.tensors, g2.dim_info)
+    assert (g1.inputs, g1.outputs, g1.loops, visits1) == (g2.inputs, g2.outputs, g2.loops, visits2)
+    half = jax.tree.map(lambda s: al.spec((s.shape[0] // 2, *s.shape[1:]), s.dims, s.dtype),
+                        wl.args[2])  # fmt: skip
+    g3 = al.trace(al.Workload(step, (*wl.args[:2], half), donate_argnums=(0, 1)))
+    assert calls and g3.dims["batch"] == g1.dims["batch"] // 2
+
+
+def _digest(g) -> str:
+    """A hash of everything a graph holds, in order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for op in g.ops:
+        h.update(repr((op.name, op.primitive, op.inputs, op.outputs, op.links, op.params, op.flops,
+                       op.scope, op.trip_count, op.opaque, op.name_stack)).encode())  # fmt: skip
+    for t in sorted(g.tensors):
+        h.update(repr(g.tensors[t]).encode())
+    h.update(repr(sorted(g.dim_info.items())).encode())
+    h.update(repr((g.inputs, g.outputs, g.loops)).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    "name, ops, digest",
+    [("hf_t5", 1839, "980b8c2fa3d4ea95"), ("hf_mistral", 906, "93347a458a7a73b3"),
+     ("keras_gpt2", 1340, "e9f6da2e6e688e72")],
+)  # fmt: skip
+def test_library_graphs_are_those_before_the_speed_work(name, ops, digest):
+    """Issue 34's speed work (the naming's program facts found once, the WL colours over
+    precomputed references) left every graph as it was: these digests are the tiny models'
+    graphs at the commit before it (transformers 4.57, keras 3.15, jax 0.10). A change of
+    the tracer's output, or of those libraries, changes them: update them where meant."""
+    import importlib.util
+    from pathlib import Path
+
+    library = "transformers" if name.startswith("hf_") else "keras"
+    if importlib.util.find_spec(library) is None:
+        pytest.skip(f"{library} is not installed (pip install -e '.[libraries]')")
+
+    path = Path(__file__).resolve().parent.parent / "experiments/models/libraries" / f"{name}.py"
+    g = al.trace(al.load_workload(path))
+    assert (len(g.ops), _digest(g)) == (ops, digest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +33,20 @@ def _plain(v: Any) -> Any:
 _DTYPE_NAMES: dict[Any, str] = {}  # a jax dtype -> its numpy name
 
 
+_HOST: dict[Any, bool] = {}  # a memory space -> whether it is the host's
+
+
 def in_host_memory(aval: Any) -> bool:
     """Whether a value of ``aval`` lives in host memory (``jax.device_put`` to
     ``pinned_host``: memory space Host)."""
-    return str(getattr(aval, "memory_space", "")).endswith("Host")
+    space = getattr(aval, "memory_space", "")
+    try:
+        return _HOST[space]
+    except (KeyError, TypeError):  # a new space, or one that does not hash
+        host = str(space).endswith("Host")
+        with contextlib.suppress(TypeError):
+            _HOST[space] = host
+        return host
 
 
 class _Builder:
@@ -73,6 +84,9 @@ class _Builder:
         self.scopes: dict[tuple, tuple] = {}  # one object per scope
         self.int_io: list[tuple[int, Sequence[int | None], Sequence[int]]] = []  # per op:
         # (number, input ids, output ids)
+        self.io: list[tuple[list[int], list[int]]] = []  # per live op after dead-code removal:
+        # (input ids, literals left out, output ids), as its inputs and outputs name them
+        self.program: Any = None  # _roles._Program: what the naming reads of the live ops
 
     # tensors ---------------------------------------------------------------------------
     def new(self, aval: Any, role: str = "intermediate", path: str | None = None) -> int:
@@ -145,7 +159,8 @@ class _Builder:
         opaque: bool = False,
     ) -> str:
         """Closes the open op: adds it with the links given since :meth:`begin`."""
-        return self.add_op(number, primitive, ins, outs, self._pending.pop(), _plain(params or {}),
+        return self.add_op(number, primitive, ins, outs, self._pending.pop(),
+                           _plain(params) if params else (),
                            float(flops), tuple(self.scope), opaque,
                            self.joined[-1] if self.joined else "")  # fmt: skip
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ._builder import _Builder
 from ._errors import WorkloadError
 from ._ir import LOOP_OPS, Dim, Loop
-from ._roles import copy_groups, path_name, role_names
+from ._roles import copy_groups, path_name, program, role_names
 
 # --- dead code -------------------------------------------------------------------------------
 
@@ -18,7 +18,8 @@ from ._roles import copy_groups, path_name, role_names
 def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     """Drops ops whose results nothing reads (XLA would too: jax leaves dead zeros of the
     backward pass in the jaxpr), collects the live ops' links in program order (a loop op
-    opens before its body) into ``b.links`` and returns the live tensor ids."""
+    opens before its body) into ``b.links``, their input and output ids into ``b.io`` and
+    returns the live tensor ids."""
     live = set(outs)
     kept: list[int] = []  # op positions, last first
     for i in range(len(b.ops) - 1, -1, -1):
@@ -36,6 +37,7 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
             live.update(t for t in ins if t is not None)
     kept.reverse()
     ops = [b.ops[i] for i in kept]
+    io = [([t for t in b.int_io[i][1] if t is not None], list(b.int_io[i][2])) for i in kept]
     for k, op in enumerate(ops):  # a loop's constants its body never reads are not its inputs
         if op.primitive not in LOOP_OPS:
             continue
@@ -43,7 +45,9 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
         if any(int(t[1:]) not in live for t in aliased):
             inputs = tuple(t for t in op.inputs if int(t[1:]) in live)
             ops[k] = dataclasses.replace(op, inputs=inputs)
+            io[k] = ([int(t[1:]) for t in inputs], io[k][1])
     b.ops = ops
+    b.io = io
     names = {op.name for op in ops}
     b.loops = [
         Loop(lp.name, lp.kind, lp.length, tuple(n for n in lp.ops if n in names), lp.length_known)
@@ -203,9 +207,8 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
         if r not in label:
             claim(r, n, True)
     roles = {r for rs in by_role.values() for r in rs}
-    for op in b.ops:  # dims a reshape merged or split
-        for ga, gc in op.param("groups", ()) if op.primitive == "reshape" else ():
-            src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
+    for src, dst, groups in program(b, data, live).reshapes:  # dims a reshape merged or split
+        for ga, gc in groups:
             for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
                 if len(one) == 1 and len(many) > 1:
                     r = root[b.key(t1, one[0])]

@@ -55,7 +55,7 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
     their path with the digits taken out (``layers/17/...`` is ``layers/#/...``), shape and
     dtype; what their copies compute is linked to them."""
     ops = b.ops
-    io = [([int(t[1:]) for t in op.inputs], [int(t[1:]) for t in op.outputs]) for op in ops]
+    io = b.io
     readers: dict[int, list[tuple[int, int]]] = {}
     for i, (ins, _) in enumerate(io):
         for p, t in enumerate(ins):
@@ -73,22 +73,24 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
     for i, (_, outs) in enumerate(io):
         for k, t in enumerate(outs):
             pos.setdefault(t, (i, k))
+    # what each round reads, fixed by the program: an op's inputs as a source's colour
+    # (j < 0) or the colour of the output k of op j, and its outputs' readers
+    ins_of = [
+        [(-1, 0, t) if t in src_col or t not in pos else (*pos[t], t) for t in ins] for ins, _ in io
+    ]
+    read_by = [[(k, r, p) for k, t in enumerate(outs) for r, p in readers.get(t, ())]
+               for _, outs in io]  # fmt: skip
+    src_readers = {t: readers.get(t, ()) for t in src_col}
 
-    def tcol(t: int, oc: list[int], sc: dict[int, int]) -> int:
-        at = pos.get(t)
-        if at is None or t in sc:
-            return sc.get(t, 0)
-        return _h((oc[at[0]], at[1]))
-
-    for _ in range(WL_ROUNDS):
-        new_ops = []
-        for i, (ins, outs) in enumerate(io):
-            rd = tuple(
-                sorted((k, op_col[r], p) for k, t in enumerate(outs) for r, p in readers.get(t, ()))
-            )
-            new_ops.append(_h((op_col[i], tuple(tcol(t, op_col, src_col) for t in ins), rd)))
+    for _ in range(WL_ROUNDS):  # hash() of int tuples: what _h gives them
+        new_ops = [
+            hash((op_col[i],
+                  tuple([src_col.get(t, 0) if j < 0 else hash((op_col[j], k)) for j, k, t in ins]),
+                  tuple(sorted([(k, op_col[r], p) for k, r, p in read_by[i]]))))
+            for i, ins in enumerate(ins_of)
+        ]  # fmt: skip
         src_col = {
-            t: _h((c, tuple(sorted((op_col[r], p) for r, p in readers.get(t, ())))))
+            t: hash((c, tuple(sorted([(op_col[r], p) for r, p in src_readers[t]]))))
             for t, c in src_col.items()
         }
         op_col = new_ops
@@ -104,6 +106,94 @@ def copy_groups(b: _Builder, live: set[int]) -> list[list[int]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
+class _Program:
+    """What :func:`role_names` reads of the program that no naming changes, found once per
+    trace (the naming asks for roles up to three times): the ops of each kind it looks at,
+    in program order, as tensor ids."""
+
+    def __init__(self, b: _Builder, data: set[int], live: set[int]) -> None:
+        self.data, self.live = data, live
+        io, ops = b.io, b.ops
+        self.by_name = {op.name: k for k, op in enumerate(ops)}
+        self.readers: dict[int, list[int]] = {}  # tensor -> the ops that read it
+        for k, (ins, _) in enumerate(io):
+            for t in ins:
+                self.readers.setdefault(t, []).append(k)
+        self.ints = {t for t in data if "int" in b.dtypes[t]}
+        # top-level scans: (length, input ids); gathers: (indices, table, gathered axes);
+        # reduce_max/argmax: (input, reduced axes); dots of two: (op, lhs, rhs, result)
+        self.scans, self.gathers, self.reductions, self.dots, self.reshapes = [], [], [], [], []
+        for op, (ins, outs) in zip(ops, io, strict=True):
+            prim = op.primitive
+            if prim == "scan" and not op.scope:
+                self.scans.append((op, ins))
+            elif prim == "gather" and len(ins) >= 2:
+                self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
+            elif prim in ("reduce_max", "argmax") and ins:
+                self.reductions.append((ins[0], op.param("reduced_axes", ())))
+            elif prim == "dot_general" and len(ins) == 2:
+                self.dots.append((op, ins[0], ins[1], outs[0]))
+            elif prim == "reshape" and ins:
+                self.reshapes.append((ins[0], outs[0], op.param("groups", ())))
+        self.weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
+        self.tokens = self.derived_from(b, {t for t in self.ints if len(b.shapes[t]) >= 2})
+        self.labels = (
+            self.derived_from(b, {t for t in self.ints if len(b.shapes[t]) == 1}) - self.tokens
+        )
+        # dots whose result a softmax reads (through a scale, a mask)
+        self.scores: set[str] = set()
+        for t, _ in self.reductions:
+            todo = [(t, 0)]
+            while todo:
+                x, depth = todo.pop()
+                k = self.by_name.get(b.producer.get(x, ""))
+                if k is None or depth > SOFTMAX_DEPTH:
+                    continue
+                if ops[k].primitive == "dot_general":
+                    self.scores.add(ops[k].name)
+                    continue
+                todo += [(i, depth + 1) for i in io[k][0] if _alike(b.shapes[i], b.shapes[x])]
+        self._sources: dict[int, int] = {}
+
+    def derived_from(self, b: _Builder, start: set[int]) -> set[int]:
+        """Integer values derived from ``start`` (token ids [batch, seq]: a vocabulary; labels
+        [batch]: classes), within ``INT_DEPTH`` ops."""
+        derived, frontier = set(start), set(start)
+        for _ in range(INT_DEPTH):
+            nxt = set()
+            for t in frontier:
+                for k in self.readers.get(t, ()):
+                    for o in b.io[k][1]:
+                        if o not in derived and ("int" in b.dtypes[o] or b.dtypes[o] == "bool"):
+                            nxt.add(o)
+            derived |= nxt
+            frontier = nxt
+            if not frontier:
+                break
+        return derived
+
+    def source(self, b: _Builder, t: int) -> int:
+        """Through casts, transposes and reshapes to the weight."""
+        got = self._sources.get(t)
+        if got is None:
+            got = t
+            for _ in range(8):
+                k = self.by_name.get(b.producer.get(got, ""))
+                if k is None or len(b.io[k][0]) != 1 or b.ops[k].primitive not in PASS_THROUGH:
+                    break
+                got = b.io[k][0][0]
+            self._sources[t] = got
+        return got
+
+
+def program(b: _Builder, data: set[int], live: set[int]) -> _Program:
+    """The builder's :class:`_Program` for these data and live tensors (made once)."""
+    p = getattr(b, "program", None)
+    if p is None or p.data is not data or p.live is not live:
+        p = b.program = _Program(b, data, live)
+    return p
+
+
 def role_names(
     b: _Builder, root: list[int], fam: Callable[[int], int], data: set[int], live: set[int],
     taken: Callable[[int], bool],
@@ -111,121 +201,67 @@ def role_names(
     """``(class root, role name)`` in the order to claim them (the first claim of a root
     wins); roots for which ``taken`` is true are left out."""
     out: list[tuple[int, str]] = []
+    pg = program(b, data, live)
+    offsets, shapes = b.offsets, b.shapes
 
     def r(t: int, a: int) -> int:
-        return root[b.key(t, a)]
+        return root[offsets[t] + a]
 
     def add(x: int, name: str) -> None:
         if x >= 0 and not taken(x):
             out.append((x, name))
 
-    ints = {t for t in data if "int" in b.dtypes[t]}
     for t in sorted(data):
-        if b.shapes[t]:
+        if shapes[t]:
             add(r(t, 0), "batch")
-    batch = {r(t, 0) for t in data if b.shapes[t]}
-    for t in sorted(ints):
-        if len(b.shapes[t]) == 2:
+    batch = {r(t, 0) for t in data if shapes[t]}
+    for t in sorted(pg.ints):
+        if len(shapes[t]) == 2:
             add(r(t, 1), "seq")
-    for op in b.ops:  # a scan over stacked weights: their leading axis is the layer stack
-        if op.primitive == "scan" and not op.scope:
-            n = op.param("length", 0)
-            for name in op.inputs:
-                t = int(name[1:])
-                shape = b.shapes[t]
-                if b.roles[t] == "input" and t not in data and shape and shape[0] == n > 1:
-                    add(r(t, 0), "layers")
-    data_fams = {fam(r(t, a)) for t in data for a in range(len(b.shapes[t])) if r(t, a) >= 0}
-    weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
+    for op, ins in pg.scans:  # a scan over stacked weights: their leading axis is the layers
+        n = op.param("length", 0)
+        for t in ins:
+            shape = shapes[t]
+            if b.roles[t] == "input" and t not in data and shape and shape[0] == n > 1:
+                add(r(t, 0), "layers")
+    data_fams = {fam(r(t, a)) for t in data for a in range(len(shapes[t])) if r(t, a) >= 0}
     carried: dict[int, int] = {}  # root -> how many weights carry it
-    for t in weights:
-        for x in {r(t, a) for a in range(len(b.shapes[t]))}:
+    for t in pg.weights:
+        for x in {r(t, a) for a in range(len(shapes[t]))}:
             if x >= 0:
                 carried[x] = carried.get(x, 0) + 1
 
-    readers: dict[int, list] = {}  # tensor -> the ops that read it
-    for op in b.ops:
-        for t in op.inputs:
-            readers.setdefault(int(t[1:]), []).append(op)
-
-    # integer values derived from the integer data: token ids [batch, seq] (a vocabulary)
-    # and labels [batch] (classes)
-    def derived_from(start: set[int]) -> set[int]:
-        derived, frontier = set(start), set(start)
-        for _ in range(INT_DEPTH):
-            nxt = set()
-            for t in frontier:
-                for op in readers.get(t, ()):
-                    for o in op.outputs:
-                        k = int(o[1:])
-                        if k not in derived and ("int" in b.dtypes[k] or b.dtypes[k] == "bool"):
-                            nxt.add(k)
-            derived |= nxt
-            frontier = nxt
-            if not frontier:
-                break
-        return derived
-
-    tokens = derived_from({t for t in ints if len(b.shapes[t]) >= 2})
-    labels = derived_from({t for t in ints if len(b.shapes[t]) == 1}) - tokens
     d_model: list[int] = []
-    for op in b.ops:
-        if op.primitive != "gather" or len(op.inputs) < 2:
-            continue
-        idx, table = int(op.inputs[1][1:]), int(op.inputs[0][1:])
-        axes = op.param("gathered_axes", ())
-        if idx in labels:
+    for idx, table, axes in pg.gathers:
+        if idx in pg.labels:
             for a in axes:
                 add(r(table, a), "classes")
-        if idx not in tokens:
+        if idx not in pg.tokens:
             continue
         for a in axes:
             add(r(table, a), "vocab")
-        if len(b.shapes[table]) == 2 and len(axes) == 1:
+        if len(shapes[table]) == 2 and len(axes) == 1:
             other = r(table, 1 - axes[0])
             if carried.get(other):
                 d_model.append(other)
 
     # attention: dots of two activations (both carry the batch), one result softmaxed
-    by_name = {op.name: op for op in b.ops}
     softmaxed: set[int] = set()
-    scores: set[str] = set()  # dots whose result a softmax reads (through a scale, a mask)
-    for op in b.ops:
-        if op.primitive not in ("reduce_max", "argmax") or not op.inputs:
-            continue
-        t = int(op.inputs[0][1:])
-        softmaxed |= {r(t, a) for a in op.param("reduced_axes", ())}
-        todo = [(t, 0)]
-        while todo:
-            x, depth = todo.pop()
-            p = by_name.get(b.producer.get(x, ""))
-            if p is None or depth > SOFTMAX_DEPTH:
-                continue
-            if p.primitive == "dot_general":
-                scores.add(p.name)
-                continue
-            todo += [
-                (int(i[1:]), depth + 1)
-                for i in p.inputs
-                if _alike(b.shapes[int(i[1:])], b.shapes[x])
-            ]
+    for t, axes in pg.reductions:
+        softmaxed |= {r(t, a) for a in axes}
     heads: list[int] = []
     head_dim: list[int] = []
     seqs: list[int] = []
-    attention: list[str] = []  # the scores dots
-    for op in b.ops:
-        if op.primitive != "dot_general" or len(op.inputs) != 2:
+    attention: list[int] = []  # the scores dots' results
+    for op, lhs, rhs, res in pg.dots:
+        if not any(r(lhs, a) in batch for a in range(len(shapes[lhs]))):
             continue
-        lhs, rhs = (int(t[1:]) for t in op.inputs)
-        if not any(r(lhs, a) in batch for a in range(len(b.shapes[lhs]))):
-            continue
-        if not any(r(rhs, a) in batch for a in range(len(b.shapes[rhs]))):
+        if not any(r(rhs, a) in batch for a in range(len(shapes[rhs]))):
             continue
         bd = op.param("batch", ())
-        if not bd or op.name not in scores:
+        if not bd or op.name not in pg.scores:
             continue
-        attention.append(op.name)
-        res = int(op.outputs[0][1:])
+        attention.append(res)
         for la, _ in bd:
             x = r(lhs, la)
             if x not in batch and fam(x) not in data_fams and x not in heads:
@@ -235,21 +271,21 @@ def role_names(
             if x not in softmaxed and x not in head_dim:
                 head_dim.append(x)
         known = batch | set(heads) | set(head_dim)
-        seqs += [r(res, a) for a in range(len(b.shapes[res])) if r(res, a) not in known]
+        seqs += [r(res, a) for a in range(len(shapes[res])) if r(res, a) not in known]
     probs: set[int] = set()  # the scores' softmax (and its gradient): ops of their shape on
-    todo = [(int(by_name[n].outputs[0][1:]), 0) for n in attention]
+    todo = [(t, 0) for t in attention]
     while todo:
         x, depth = todo.pop()
         if x in probs or depth > 2 * SOFTMAX_DEPTH:
             continue
         probs.add(x)
-        for op in readers.get(x, ()):
-            todo += [(int(o[1:]), depth + 1) for o in op.outputs
-                     if _alike(b.shapes[int(o[1:])], b.shapes[x])]  # fmt: skip
-    for op in b.ops:  # the values' head dim: the other side of probabilities x values
-        if op.primitive != "dot_general" or len(op.inputs) != 2 or op.name in attention:
+        for k in pg.readers.get(x, ()):
+            todo += [(o, depth + 1) for o in b.io[k][1] if _alike(shapes[o], shapes[x])]
+    scored = set(attention)
+    for op, lhs, rhs, res in pg.dots:  # the values' head dim: the other side of probs x values
+        if res in scored:
             continue
-        ts = [int(t[1:]) for t in op.inputs]
+        ts = [lhs, rhs]
         cd = op.param("contracting", ())
         for side in (0, 1):
             p, v = ts[side], ts[1 - side]
@@ -257,7 +293,7 @@ def role_names(
                 continue
             used = {pair[1 - side] for pair in op.param("batch", ()) + cd}
             head_dim += [
-                x for x in (r(v, a) for a in range(len(b.shapes[v])) if a not in used)
+                x for x in (r(v, a) for a in range(len(shapes[v])) if a not in used)
                 if x not in batch and x not in head_dim and x not in heads
             ]  # fmt: skip
     for x in heads:
@@ -270,27 +306,24 @@ def role_names(
         most = max(carried.values())
         d_model = [x for x, n in carried.items() if n == most and n >= 3][:1]
     if not d_model:  # no embedding, no attention: a scanned stack's residual stream's features
-        for op in b.ops:
-            if op.primitive != "scan" or op.scope or op.param("length", 0) < 2:
+        for op, _ in pg.scans:
+            if op.param("length", 0) < 2:
                 continue
             for name in scan_parts(op)[1]:
                 t = int(name[1:])
-                shape = b.shapes[t]
+                shape = shapes[t]
                 x = r(t, len(shape) - 1) if len(shape) >= 2 else -1
                 if r(t, 0) in batch and x >= 0 and x not in batch and x not in d_model:
                     d_model.append(x)
     for x in d_model:
         add(x, "d_model")
     merged = set()  # classes a reshape makes of heads or head_dim and others (heads*head_dim)
-    for op in b.ops:  # grouped-query attention: heads = kv_heads x queries per kv head
-        if op.primitive != "reshape":
-            continue
-        src, dst = int(op.inputs[0][1:]), int(op.outputs[0][1:])
-        for ga, gc in op.param("groups", ()):
+    for src, dst, groups in pg.reshapes:  # grouped-query attention: heads = kv_heads x
+        for ga, gc in groups:  # queries per kv head
             for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
                 if len(one) != 1 or len(many) < 2:
                     continue
-                parts = [r(tm, a) for a in many if b.shapes[tm][a] > 1]
+                parts = [r(tm, a) for a in many if shapes[tm][a] > 1]
                 if set(parts) & set(heads + head_dim):
                     merged.add(r(t1, one[0]))
                 if r(t1, one[0]) in heads and len(parts) > 1:
@@ -300,38 +333,27 @@ def role_names(
 
     # an MLP's hidden dim: produced by a weight's matmul from d_model and contracted into
     # d_model, by two weights at least (one weight's backward matmul contracts what it made)
-
-    def source(t: int) -> int:  # through casts, transposes and reshapes to the weight
-        for _ in range(8):
-            op = by_name.get(b.producer.get(t, ""))
-            if op is None or len(op.inputs) != 1 or op.primitive not in PASS_THROUGH:
-                break
-            t = int(op.inputs[0][1:])
-        return t
-
     made: dict[int, set[int]] = {}
     eaten: dict[int, set[int]] = {}
     dm = set(d_model)
-    for op in b.ops:
-        if op.primitive != "dot_general" or len(op.inputs) != 2:
-            continue
-        ts = [int(t[1:]) for t in op.inputs]
-        acts = [any(r(t, a) in batch for a in range(len(b.shapes[t]))) for t in ts]
+    for op, lhs, rhs, _ in pg.dots:
+        ts = [lhs, rhs]
+        acts = [any(r(t, a) in batch for a in range(len(shapes[t]))) for t in ts]
         if acts.count(True) != 1:
             continue
         side = acts.index(False)
         w = ts[side]
         con = {c[side] for c in op.param("contracting", ())}
-        free = {r(w, a) for a in range(len(b.shapes[w])) if a not in con}
+        free = {r(w, a) for a in range(len(shapes[w])) if a not in con}
         cdims = {r(w, a) for a in con}
         if cdims & dm:
             for x in free - dm:
-                made.setdefault(x, set()).add(source(w))
+                made.setdefault(x, set()).add(pg.source(b, w))
         if free & dm:
             for x in cdims - dm:
-                eaten.setdefault(x, set()).add(source(w))
+                eaten.setdefault(x, set()).add(pg.source(b, w))
     skip = set(heads) | set(head_dim) | merged
-    size = {root[b.key(t, a)]: n for t in live for a, n in enumerate(b.shapes[t]) if n > 1}
+    size = {root[offsets[t] + a]: n for t in live for a, n in enumerate(shapes[t]) if n > 1}
     least = min((size.get(x, 0) for x in dm), default=0) // 4  # not a stacked q/k/v axis
     for x in sorted(made):  # two weights at least: in and out (and a gate)
         if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size.get(x, 0) > least:
