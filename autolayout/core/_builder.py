@@ -122,15 +122,18 @@ class _Builder:
         shapes = self.shapes
         size = 0
         keep: list[tuple[int, int]] = []
-        for t, a in axes:
+        for ta in axes:
+            t, a = ta
             if t is None:
                 continue
+            n = shapes[t][a]
             if not size:
-                size = shapes[t][a]
-                if size <= 1:
+                if n <= 1:
                     return
-            if shapes[t][a] == size and (t, a) not in keep:
-                keep.append((t, a))
+                size = n
+                keep.append(ta)
+            elif n == size and ta not in keep:
+                keep.append(ta)
         if len(keep) >= 2:
             self._pending[-1].append(tuple(keep))
 

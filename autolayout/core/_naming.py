@@ -22,9 +22,13 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
     returns the live tensor ids."""
     live = set(outs)
     kept: list[int] = []  # op positions, last first
+    int_io = b.int_io
     for i in range(len(b.ops) - 1, -1, -1):
-        _, ins, res = b.int_io[i]
-        if not any(o in live for o in res):
+        _, ins, res = int_io[i]
+        for o in res:
+            if o in live:
+                break
+        else:
             continue
         kept.append(i)
         live.update(res)  # a live op makes all its results (split, loops)
@@ -54,13 +58,15 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
         for lp in b.loops
         if lp.name in names
     ]
-    b.links = []
-    offsets = b.offsets
-    for number in sorted(b.int_io[i][0] for i in kept):  # opened first
-        for group in b.int_links[number]:
-            (t0, a0), *rest = group
+    b.links = links = []
+    offsets, int_links = b.offsets, b.int_links
+    for number in sorted([int_io[i][0] for i in kept]):  # opened first
+        for group in int_links[number]:
+            t0, a0 = group[0]
             k0 = offsets[t0] + a0
-            b.links.extend((k0, offsets[t] + a) for t, a in rest)
+            for k in range(1, len(group)):
+                t, a = group[k]
+                links.append((k0, offsets[t] + a))
     return live
 
 
@@ -97,9 +103,11 @@ def _dims(
     sizes: list[int],
     fam: _UnionFind,
     live: set[int],
+    keys: list[int],
 ) -> tuple[_UnionFind, dict[int, str], Callable[[int, int], bool]]:
     """Union-find that keeps one axis per tensor and one user name per class; returns it,
-    the user name of each named root and its guarded union."""
+    the user name of each named root and its guarded union. ``keys``: the live axes of
+    size > 1, in order."""
     uf = _UnionFind(b.nax)
     parent = uf.parent
     members: dict[int, set[int]] = {}
@@ -168,8 +176,8 @@ def _dims(
     # Classes of one family that no tensor holds together are one dim: the key sequence of
     # every unrolled layer is one "seq#2", not a dim per layer.
     by_family: dict[int, list[int]] = {}
-    for k in range(b.nax):
-        if sizes[k] > 1 and owner[k] in live and find(k) == k:
+    for k in keys:
+        if find(k) == k:
             by_family.setdefault(fam.find(k), []).append(k)
     for roots in by_family.values():
         reps: list[int] = []
@@ -232,10 +240,13 @@ def _name_dims(
     reshapes' merges of named dims, weights' paths, a named dim's family, the producing op."""
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
+    keys = [k for k, (t, n) in enumerate(zip(owner, sizes, strict=True)) if n > 1 and t in live]
     fam = _families(b)
-    dim, user_names, union = _dims(b, owner, sizes, fam, live)
+    dim, user_names, union = _dims(b, owner, sizes, fam, live, keys)
     for _ in range(3):  # dims of one role that no tensor holds together are one dim
-        root = [dim.find(k) if sizes[k] > 1 and owner[k] in live else -1 for k in range(b.nax)]
+        root = [-1] * b.nax
+        for k in keys:
+            root[k] = dim.find(k)
         label, taken, by_role = _labels(b, inputs, live, data, root, fam, user_names, dim.find)
         merged = False
         for rs in by_role.values():

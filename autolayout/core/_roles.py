@@ -136,6 +136,7 @@ class _Program:
             elif prim == "reshape" and ins:
                 self.reshapes.append((ins[0], outs[0], op.param("groups", ())))
         self.weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
+        self.sizes = [n for shape in b.shapes for n in shape]  # per axis key
         self.tokens = self.derived_from(b, {t for t in self.ints if len(b.shapes[t]) >= 2})
         self.labels = (
             self.derived_from(b, {t for t in self.ints if len(b.shapes[t]) == 1}) - self.tokens
@@ -353,10 +354,13 @@ def role_names(
             for x in cdims - dm:
                 eaten.setdefault(x, set()).add(pg.source(b, w))
     skip = set(heads) | set(head_dim) | merged
-    size = {root[offsets[t] + a]: n for t in live for a, n in enumerate(shapes[t]) if n > 1}
-    least = min((size.get(x, 0) for x in dm), default=0) // 4  # not a stacked q/k/v axis
+
+    def size(x: int) -> int:  # a class's axes are of one size: its root's
+        return pg.sizes[x] if x >= 0 else 0
+
+    least = min((size(x) for x in dm), default=0) // 4  # not a stacked q/k/v axis
     for x in sorted(made):  # two weights at least: in and out (and a gate)
-        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size.get(x, 0) > least:
+        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size(x) > least:
             add(x, "d_ff")
     return out
 
