@@ -12,6 +12,7 @@ from autolayout.cost_models import RuleSet, plan_from_costs, price
 
 from .baselines import batch_dim, spatial_dims
 from .clock import clock
+from .interrupt import interrupted
 from .liveness import memory_peak
 from .request import Request
 from .seeds import Candidate, ShapeResult
@@ -231,7 +232,8 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         row["chosen"] = r is win
         tried.append(row)
     solver_source = source
-    bound, bound_s, bound_kind = _bound(win)
+    # no bound after a Ctrl-C: it prices every strategy of every node (an answer is due)
+    bound, bound_s, bound_kind = (None, 0.0, "") if interrupted() else _bound(win)
     priced["predicted"]["memory_limit_bytes"] = limit
     priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
     solver = {

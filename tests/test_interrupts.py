@@ -109,9 +109,16 @@ def _deadlines_end_on_a_signal() -> bool:
 # seeding 2-5 s (by the machine's load), the ILP after; the process exits 1-2 s after a signal
 COMMAND = [sys.executable, "-m", "autolayout._cli", "plan", str(MODELS / "gpt.py"), "--hw",
            "tpu-v4-256", "--set", "size=gpt3-xl", "--set", "layers=2", "--time-limit", "60"]  # fmt: skip
-# seconds after the handlers are in (the command has started) at which SIGINT is sent:
-# tracing, seeding the shapes, the ILP
+# CPU seconds of the command's, after its handlers are in, at which SIGINT is sent: tracing,
+# seeding the shapes, the ILP (CPU seconds, not wall: a busy machine stretches the wall time
+# of each stage, so fixed wall delays all fell on seeding there)
 DELAYS = (0.0, 0.3, 0.7, 1.2, 1.8, 2.5, 3.2, 4.0, 5.0, 6.0)
+
+
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds process ``pid`` has used (user + system, /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _start(tmp: Path) -> tuple[subprocess.Popen, Path]:
@@ -129,9 +136,13 @@ def _signal(p: subprocess.Popen, out: Path, signals: list[tuple[float, int]], th
     while p.poll() is None and not caught(signal.SIGTERM, p.pid):  # python catches SIGINT always
         assert time.perf_counter() - t0 < 60, "the command did not start"
         time.sleep(0.02)
-    start = time.perf_counter()
-    for delay, sig in signals:
-        time.sleep(max(0.0, start + delay - time.perf_counter()))
+    start, sent = _cpu_s(p.pid), time.perf_counter()
+    for k, (delay, sig) in enumerate(signals):
+        if k:  # a second signal: ``delay`` wall seconds after the first
+            time.sleep(max(0.0, delay - signals[k - 1][0]))
+        else:
+            while p.poll() is None and _cpu_s(p.pid) < start + delay:
+                time.sleep(0.01)
         sent = time.perf_counter()
         p.send_signal(sig)
     nxt = then() if then else None
