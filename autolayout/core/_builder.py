@@ -137,6 +137,14 @@ class _Builder:
         if len(keep) >= 2:
             self._pending[-1].append(tuple(keep))
 
+    def link_pair(self, t: int, a: int, u: int, c: int) -> None:
+        """``link((t, a), (u, c))`` for two axes of tensors (not literals), without its loop:
+        most links are such pairs (every axis of an elementwise op)."""
+        shapes = self.shapes
+        n = shapes[t][a]
+        if n > 1 and shapes[u][c] == n and (t != u or a != c):
+            self._pending[-1].append(((t, a), (u, c)))
+
     def begin(self) -> int:
         """Opens an op: returns its number; links go to it until :meth:`emit`."""
         self._pending.append([])

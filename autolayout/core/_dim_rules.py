@@ -23,9 +23,11 @@ from ._workload import parse_name_dims
 
 class Builder(Protocol):
     user: dict[int, tuple[str | None, ...]]
+    shapes: list[tuple[int, ...]]
 
     def shape(self, t: int | None) -> tuple[int, ...]: ...
     def link(self, *axes: tuple[int | None, int]) -> None: ...
+    def link_pair(self, t: int, a: int, u: int, c: int) -> None: ...
 
 
 Rule = Callable[[Builder, Any, list, list], tuple[dict[str, Any], float]]
@@ -59,13 +61,14 @@ ELEMENTWISE = (
 
 @register(*ELEMENTWISE)
 def _elementwise(b, eqn, ins, outs):
+    shapes, pair = b.shapes, b.link_pair
     for o in outs:
-        rank = len(b.shape(o))
+        rank = len(shapes[o])
         for i in ins:  # operands of equal rank; a size-1 axis broadcasts and is not linked
-            if i is not None and len(b.shape(i)) == rank:
+            if i is not None and len(shapes[i]) == rank:
                 for ax in range(rank):
-                    b.link((o, ax), (i, ax))
-    return {}, float(_size(b.shape(outs[0]))) if outs else 0.0
+                    pair(o, ax, i, ax)
+    return {}, float(_size(shapes[outs[0]])) if outs else 0.0
 
 
 @register("optimization_barrier")

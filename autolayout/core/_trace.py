@@ -260,7 +260,7 @@ class _Template:
 
 def _link_all_axes(b: _Builder, x: int, y: int, shift_x: int = 0) -> None:
     for ax in range(len(b.shapes[y])):
-        b.link((x, ax + shift_x), (y, ax))
+        b.link_pair(x, ax + shift_x, y, ax)
 
 
 def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
