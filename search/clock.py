@@ -59,7 +59,7 @@ class Clock:
     PRICE_NODE_S = 9e-6  # a candidate priced (step time and memory walk), per request node
     NODE_COST_S = 3.5e-5  # a node's cost under a strategy, priced the first time it is read
     READ_COST_S = 1.8e-5  # a resharding's cost, priced the first time it is read
-    BUILD_OP_S = 3.5e-5  # a mesh shape's request built, per op of the graph
+    BUILD_STRATEGY_S = 3.5e-6  # a mesh shape's request built, per strategy of its nodes
     TRACE_OP_S = 2.5e-4  # an op traced (the step's jaxpr made and walked, names given)
     ANALYSE_OP_S = 3e-5  # the mesh-independent analysis, per op
     FINAL_OP_S = 2.5e-4  # the winner priced exactly and its report's rows, per op
@@ -98,8 +98,9 @@ class Clock:
     @staticmethod
     def least_work(ops: int) -> float:
         """The work a plan of a graph of ``ops`` ops takes at the least: traced, analysed,
-        one mesh shape's request built, the winner priced exactly."""
-        return ops * (Clock.TRACE_OP_S + Clock.ANALYSE_OP_S + Clock.BUILD_OP_S + Clock.FINAL_OP_S)
+        one mesh shape's request built (some 50 strategies an op), the winner priced."""
+        per_op = Clock.TRACE_OP_S + Clock.ANALYSE_OP_S + Clock.FINAL_OP_S
+        return ops * (per_op + 50 * Clock.BUILD_STRATEGY_S)
 
     def wall_left(self) -> float:
         return self.wall_end - time.perf_counter()

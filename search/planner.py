@@ -164,7 +164,7 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, kw) -> Plan:
     if kw["memory_limit"] is not None:
         check_limit("memory_limit", kw["memory_limit"], "bytes")
     if (why := target_mismatch(workload, hw.kind)) is not None:
-        warnings.warn(why, stacklevel=3)
+        warnings.warn(why, stacklevel=4)  # past _call, plan and its interruptible wrapper
     start = time.perf_counter() if started_at is None else started_at
     with using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack())) as c:
         budget = (
@@ -406,7 +406,7 @@ def _search(graph, hw, st, shapes, mesh, limit, deadline, hand_s, progress, prun
             slots[i] = ShapeResult(dict(shape), None, "SKIPPED", 0.0, note=note)
             continue
         req = build(st, hw, shape)
-        charge(Clock.BUILD_OP_S * len(graph.ops))
+        charge(Clock.BUILD_STRATEGY_S * sum(len(n.strategies) for n in req.nodes))
         sd = seeds(req, limit, deadline, greedy=False)
         best = min(sd.values(), key=lambda c: _score(c, limit)) if sd else None
         r = ShapeResult(dict(shape), best, "SEEDED", time.perf_counter() - ts, request=req,
