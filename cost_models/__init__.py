@@ -39,6 +39,7 @@ from .sharding import Machine as Machine
 from .sharding import boundaries as boundaries
 from .sharding import boundary_comms as boundary_comms
 from .sharding import conv_spatial as conv_spatial
+from .sharding import copy_layout as copy_layout
 from .sharding import free_tensors as free_tensors
 from .sharding import fused_ops as fused_ops
 from .sharding import halo as halo

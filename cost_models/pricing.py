@@ -19,6 +19,7 @@ from .sharding import (
     boundaries,
     boundary_comms,
     copied_inputs,
+    copy_layout,
     free_tensors,
     fused_ops,
     op_cost,
@@ -151,21 +152,21 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
         c0 = op_cost(m, g, op, op_groups(g, op), assign, layouts, None, free, fused)
         copies = []
         for t in copied_inputs(op, c0.wanted, layouts, free):
-            copies.append(
-                (ins.index(t), c0.wanted[t], reshard(m, g.tensors[t], layouts[t], c0.wanted[t]))
-            )
-        rest = c0.comms[sum(len(cc) for _, _, cc in copies) :]
+            tt, w = g.tensors[t], c0.wanted[t]
+            made_as = copy_layout(m, tt, layouts[t], w)
+            copies.append((ins.index(t), w, made_as, reshard(m, tt, layouts[t], made_as)))
+        rest = c0.comms[sum(len(cc) for *_, cc in copies) :]
         made = alike[key] = (c0, copies, rest)
     c0, copies, rest = made
     ins0, outs0 = c0.op.inputs, c0.op.outputs
     same = ins0 is ins and outs0 is outs
     # the copies by position hold for this op too: the key holds the inputs' layouts and
     # which inputs are free
-    reads = [(ins[pos], w) for pos, w, _ in copies]
+    reads = [(ins[pos], w) for pos, w, _, _ in copies]
     comms: list = []
-    for pos, w, cc in copies:
+    for pos, _, made_as, cc in copies:
         t = ins[pos]
-        k = (t, w, op.trip_count)
+        k = (t, made_as, op.trip_count)
         if k in resharded:
             continue
         resharded.add(k)

@@ -49,6 +49,7 @@ from autolayout.core import (
 
 from .collectives import Segment, collective_time, combines, group_segments, place_mesh
 from .compute import ATTENTION_OPS, KERNEL_OPS, MATRIX_OPS, compute_dtype, op_time
+from .xla_reshard import xla_reshard
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -149,53 +150,40 @@ def _axis_positions(layout: Layout) -> dict[str, int]:
 
 
 def reshard(m: Machine, t: Tensor, src: Layout, dst: Layout) -> list[Comm]:
-    """The collectives that take tensor ``t`` from layout ``src`` to ``dst``.
-
-    Per tensor axis, the mesh axes the two layouts share as a prefix stay. Of the others, a
-    mesh axis ``dst`` puts on another tensor axis moves there by an all-to-all; the rest are
-    dropped by all-gathers, one per tensor axis, the last axis first (as XLA's partitioner
-    does: gathering ``[a, b]`` to whole is ``b`` then ``a``). Splits ``dst`` adds are local
-    slices, taken first (they shrink what moves); an axis whose order changes is gathered and
-    sliced again.
+    """The collectives that take tensor ``t`` from layout ``src`` to ``dst``, as XLA's SPMD
+    partitioner emits them (:func:`.xla_reshard.xla_reshard`): a collective-permute where
+    only the devices holding each block change, all-to-alls where splits move between
+    tensor axes, all-gathers where they are dropped (the last tensor axis first), a free
+    local slice where they are added, the whole tensor gathered where XLA knows no better.
+    16-bit all-gathers move as float32 on XLA:CPU (:meth:`Machine.wire_bytes`).
     """
     if src == dst:
         return []
-    mesh = m.mesh
-    dpos = _axis_positions(dst)
-    cur: list[list[str]] = []
-    moved: dict[tuple[int, int], list[str]] = {}  # (from, to tensor axis) -> mesh axes
-    gathered: list[list[str]] = []  # per tensor axis
-    for i, (s, d) in enumerate(zip(src, dst, strict=True)):
-        k = 0
-        while k < len(s) and k < len(d) and s[k] == d[k]:
-            k += 1
-        cur.append(list(s[:k]))
-        gathered.append([])
-        for a in s[k:]:
-            if a in dpos and dpos[a] != i:
-                moved.setdefault((i, dpos[a]), []).append(a)
-            else:
-                gathered[i].append(a)
-    busy = {a for axes in src for a in axes}
-    for j, d in enumerate(dst):  # 1. free slices on mesh axes src does not use
-        cur[j] += [a for a in d if a not in busy]
-
-    def nbytes(extra: tuple[str, ...] = ()) -> int:
-        return t.nbytes // split_factor(tuple(a for axes in cur for a in axes) + extra, mesh)
-
     out: list[Comm] = []
-    waiting = tuple(a for axes in gathered for a in axes)
-    local = nbytes(tuple(a for axes in moved.values() for a in axes) + waiting)
-    for (_, j), axes in moved.items():  # 2. all-to-all, one per pair of tensor axes (over all
-        out.append(m.comm("all-to-all", tuple(axes), local, t.name, "reshard"))  # the mesh
-        cur[j] += axes  # axes that move between them); the local size stays what it is
-    for axes in reversed(gathered):  # 3. all-gathers, the last tensor axis first; what they
-        if axes:  # drop but dst wants is sliced again after
-            waiting = waiting[: len(waiting) - len(axes)]
-            result = m.wire_bytes(t, nbytes(waiting))
-            out.append(m.comm("all-gather", tuple(axes), result, t.name, "reshard",
+    for kind, axes, divisor in _xla_steps(m, t, src, dst)[0]:
+        result = t.nbytes // divisor
+        if kind == "all-gather":
+            out.append(m.comm(kind, axes, m.wire_bytes(t, result), t.name, "reshard",
                               m.combinable(t)))  # fmt: skip
+        else:
+            out.append(m.comm(kind, axes, result, t.name, "reshard"))
     return out
+
+
+def _xla_steps(m: Machine, t: Tensor, src: Layout, dst: Layout) -> tuple[tuple, bool]:
+    key = (tuple(m.mesh.items()), tuple(t.shape), tuple(map(tuple, src)), tuple(map(tuple, dst)))
+    return xla_reshard(*key)
+
+
+def copy_layout(m: Machine, t: Tensor, src: Layout, dst: Layout) -> Layout:
+    """The copy a read of ``t`` (laid out ``src``) in layout ``dst`` makes: ``dst``, or the
+    whole tensor where XLA gathers it whole to get there (it keeps that copy for every such
+    read of the value: the U-Net's ``[a], [b], [c]`` activation read as ``[a b c]`` and
+    whole by two convs is gathered once). Copies are charged once per tensor, copy layout and
+    trip count, by ``price`` and the search's request alike."""
+    if src == dst or not any(dst) or not _xla_steps(m, t, src, dst)[1]:
+        return dst
+    return replicated(len(dst))
 
 
 def from_partial(
@@ -835,12 +823,14 @@ def op_cost(
     wanted, produced, partial = layouts_of(g, op, groups, assign)
     comms: list[Comm] = []
     for t in copied_inputs(op, wanted, layouts, free):
+        tt = g.tensors[t]
+        w = copy_layout(m, tt, layouts[t], wanted[t])
         if resharded is not None:
-            key = (t, wanted[t], op.trip_count)
+            key = (t, w, op.trip_count)
             if key in resharded:
                 continue
             resharded.add(key)
-        comms += reshard(m, g.tensors[t], layouts[t], wanted[t])
+        comms += reshard(m, tt, layouts[t], w)
     halo_comms, halo_flops = conv_split(m, g, op, groups, assign, wanted)
     comms += index_alignment(m, g, op, wanted, produced)
     stepwise = op.primitive in MATRIX_OPS  # XLA's dot handler splits a partial result stepwise

@@ -35,6 +35,7 @@ from autolayout.cost_models import (
     Group,
     Machine,
     boundary_comms,
+    copy_layout,
     layouts_of,
     map_layout,
     op_cost,
@@ -94,6 +95,7 @@ class Request:
     _node_cost: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     _follower_cost: dict[tuple, float] = field(default_factory=dict)
     _read_cost: dict[tuple, float] = field(default_factory=dict)
+    _copy_ids: dict[tuple, int] = field(default_factory=dict)
     _bytes: dict[tuple, int] = field(default_factory=dict)
     _liveness: Any = None  # memory_peak's layout ids per buffer kind and reader
     _wanted_by: dict[tuple[int, int], dict[int, tuple[int, ...]]] = field(default_factory=dict)
@@ -252,9 +254,22 @@ class Request:
             comm += m
         for r in self.reads:
             src = r.src_map[choice[r.src]]
-            for w in {m[choice[n]] for n, m in r.readers}:
+            for w in {self.copy_id(r, src, m[choice[n]]) for n, m in r.readers}:
                 comm += r.count * self.read_cost(r, src, w)
         return compute, comm
+
+    def copy_id(self, r: Read, a: int, b: int) -> int:
+        """The layout of the copy a read from ``a`` into ``b`` makes (``copy_layout``: the
+        whole tensor where XLA gathers it whole, one copy for every such reader)."""
+        if a == b or r.boundary is not None:
+            return b
+        tt = self.graph.tensors[r.tensor]
+        key = (tt.shape, a, b)
+        v = self._copy_ids.get(key)
+        if v is None:
+            la, lb = self.layouts[a], self.layouts[b]
+            v = self._copy_ids[key] = self.layout_id(copy_layout(self.machine, tt, la, lb))
+        return v
 
     def objective(self, choice: Sequence[int]) -> float:
         """Predicted step time: full-overlap bound + (1 - overlap) x the rest."""

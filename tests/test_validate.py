@@ -222,3 +222,44 @@ def test_validate_cli_on_bfloat16_plans_compares_like_with_like(tmp_path, hw):
     off.write_text(json.dumps(d))
     r = CliRunner().invoke(main, ["validate", gpt, "--plan", str(off)])
     assert r.exit_code == 1 and "all-gather" in r.output and "OFF" in r.output, r.output
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4), (4, 2)])
+def test_resharding_is_priced_as_xla_compiles_it(shape):
+    """Random pairs of layouts of a [16, 16, 16] tensor: the collectives ``reshard`` prices
+    (XLA's partitioner replayed: permutes, all-to-alls, grouped and whole gathers) are the
+    compiled ones, kind by kind, to the byte."""
+    import itertools
+    import random
+
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from autolayout.core import Tensor
+    from autolayout.cost_models import Machine, reshard
+
+    names = ("a", "b", "c")[: len(shape)]
+    mesh = jax.make_mesh(shape, names)
+    m = Machine(al.hardware("cpu-8"), dict(zip(names, shape, strict=True)))
+    t = Tensor("t", (16, 16, 16), "float32", ("x", "y", "z"))
+    layouts = set()
+    for where in itertools.product(range(4), repeat=len(names)):
+        for order in itertools.permutations(names):
+            lay = [[], [], []]
+            for a in order:
+                if where[names.index(a)] < 3:
+                    lay[where[names.index(a)]].append(a)
+            layouts.add(tuple(tuple(x) for x in lay))
+    pairs = [(s, d) for s in sorted(layouts) for d in sorted(layouts) if s != d]
+    random.Random(0).shuffle(pairs)
+    x = jax.ShapeDtypeStruct(t.shape, jnp.float32)
+    for src, dst in pairs[:12]:
+        f = jax.jit(lambda v: v * 1.0, in_shardings=NamedSharding(mesh, PartitionSpec(*src)),
+                    out_shardings=NamedSharding(mesh, PartitionSpec(*dst)))  # fmt: skip
+        got: dict[str, int] = {}
+        for c in hlo_collectives(f.lower(x).compile().as_text()):
+            got[c.kind] = got.get(c.kind, 0) + c.bytes * c.count
+        want: dict[str, int] = {}
+        for c in reshard(m, t, src, dst):
+            want[c.kind] = want.get(c.kind, 0) + c.bytes
+        assert want == got, (src, dst)
