@@ -120,8 +120,9 @@ class _Program:
             for t in ins:
                 self.readers.setdefault(t, []).append(k)
         self.ints = {t for t in data if "int" in b.dtypes[t]}
-        # top-level scans: (length, input ids); gathers: (indices, table, gathered axes);
-        # reduce_max/argmax: (input, reduced axes); dots of two: (op, lhs, rhs, result)
+        # top-level scans: (op, input ids); gathers: (indices, table, gathered axes);
+        # reduce_max/argmax: (input, reduced axes); dots of two tensors: (op, lhs, rhs,
+        # result); reshapes: (operand, result, groups)
         self.scans, self.gathers, self.reductions, self.dots, self.reshapes = [], [], [], [], []
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
@@ -189,7 +190,7 @@ class _Program:
 
 def program(b: _Builder, data: set[int], live: set[int]) -> _Program:
     """The builder's :class:`_Program` for these data and live tensors (made once)."""
-    p = getattr(b, "program", None)
+    p = b.program
     if p is None or p.data is not data or p.live is not live:
         p = b.program = _Program(b, data, live)
     return p
