@@ -21,12 +21,21 @@ Around 3-D convolutions XLA keeps more: each conv's operands copied into the lay
 in, and a 16-bit elementwise chain into a conv as written (the H200's U-Net was predicted
 at 0.38x before).
 
+Where the profile's compiler is XLA:CPU (``efficiency.scan_stacks_at_start``), the walk follows
+its schedule instead of program order (:func:`schedule`): XLA:CPU expands optimization barriers
+before it schedules and then schedules breadth first, so a recomputation outside a loop runs
+as soon as the forward values it reads exist, in the forward pass, and lives until its
+backward reader, as the value it recomputes would have (an unrolled step's remat saves nothing
+there: measured 1.00-1.03x of the step as written's temporaries for every policy, 8 layers
+on 8 devices, where the program-order walk said 0.34-0.70x; docs/decisions.md).
+
 This is a lower bound on what XLA allocates (it also keeps fusion temporaries and may
 schedule differently); ``al.validate`` prints XLA's ``memory_analysis()`` beside it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -70,29 +79,107 @@ def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
     return out
 
 
+class Lifetimes(list):
+    """:func:`lifetimes`' answer, a list of ``(tensor, first, last)`` in positions of the
+    step's schedule, with that schedule: ``order`` the program indices of the ops in the
+    order they run, ``position`` each program index's place in it (both ``None`` where the
+    schedule is program order)."""
+
+    order: tuple[int, ...] | None = None
+    position: tuple[int, ...] | None = None
+
+    def place(self, i: int) -> int:
+        """The schedule position of the op at program index ``i``."""
+        return i if self.position is None else self.position[i]
+
+    def span(self, first: int, last: int) -> tuple[int, int]:
+        """A span of program indices (a copy's first and last reader) in schedule positions:
+        its two ends placed, in order (the readers between are not known here; the search's
+        walk places copies the same way, so the two stay equal)."""
+        if self.position is None:
+            return first, last
+        a, b = self.position[first], self.position[last]
+        return (a, b) if a <= b else (b, a)
+
+
+def _unit(op) -> str:
+    """What the scheduler places as one instruction: an op, or the outermost loop around it
+    (``cond.3/branch1`` -> ``cond.3``)."""
+    for s in op.scope:
+        if s.split(".", 1)[0] in LOOP_OPS:
+            return s.split("/", 1)[0]
+    return op.name
+
+
 @per_graph
-def lifetimes(
-    g: Graph, donated: Sequence[str] = (), stacks_at_start: bool = False
-) -> list[tuple[str, int, int]]:
-    """``(tensor, first op index, last op index)`` of every buffer the step allocates: op
-    results from the op that writes them to their last reader (the step's outputs to the
-    end), inputs and outputs that reuse a donated input left out. ``stacks_at_start``: every
-    scan's stacked outputs are allocated at the step's start (the hardware profile's
-    ``efficiency.scan_stacks_at_start``: XLA:CPU's scheduler puts their zero fill before
-    the first loop), else from their loop's first body op."""
+def schedule(g: Graph, breadth_first: bool = False) -> tuple[int, ...] | None:
+    """The program indices of the step's ops in the order the compiler runs them; ``None``
+    for program order. ``breadth_first``: XLA:CPU's default scheduler (``BFSMemoryScheduler``,
+    its concurrency-optimised one): an instruction is queued once every operand has run and
+    the queue runs first in, first out (Kahn's algorithm), the instructions without operands
+    first. A loop (its body's ops, then the loop op) is one instruction. With the optimization
+    barriers XLA:CPU expands before scheduling gone, a remat region's recomputation is queued
+    as soon as the saved values it reads exist: in the forward pass."""
+    if not breadth_first:
+        return None
+    unit_of = [_unit(op) for op in g.ops]
+    members: dict[str, list[int]] = {}
+    for i, u in enumerate(unit_of):
+        members.setdefault(u, []).append(i)
+    producer = {t: unit_of[i] for i, op in enumerate(g.ops) for t in op.outputs}
+    deps: dict[str, set[str]] = {u: set() for u in members}
+    users: dict[str, list[str]] = {u: [] for u in members}
+    for i, op in enumerate(g.ops):
+        u = unit_of[i]
+        for t in op.inputs:
+            p = producer.get(t)
+            if p is not None and p != u and p not in deps[u]:
+                deps[u].add(p)
+                users[p].append(u)
+    left = {u: len(d) for u, d in deps.items()}
+    queue = deque(u for u in members if not left[u])
+    order: list[int] = []
+    while queue:
+        u = queue.popleft()
+        order += members[u]
+        for v in users[u]:
+            left[v] -= 1
+            if not left[v]:
+                queue.append(v)
+    assert len(order) == len(g.ops), "the step's ops form a cycle"
+    return tuple(order)
+
+
+@per_graph
+def lifetimes(g: Graph, donated: Sequence[str] = (), stacks_at_start: bool = False) -> Lifetimes:
+    """``(tensor, first, last)`` of every buffer the step allocates, as positions in the
+    step's :func:`schedule`: op results from the op that writes them to their last reader
+    (the step's outputs to the end), inputs and outputs that reuse a donated input left out.
+    ``stacks_at_start``: the profile's ``efficiency.scan_stacks_at_start``, which XLA:CPU's
+    profile sets: every scan's stacked outputs are allocated at the step's start (its
+    breadth-first scheduler puts their zero fill, which reads nothing, first), else from their
+    loop's first body op; and the walk follows XLA:CPU's breadth-first schedule with no
+    optimization barriers (:func:`schedule`), else program order with a remat region's
+    barrier."""
+    order = schedule(g, stacks_at_start)
+    ops = g.ops if order is None else tuple(g.ops[i] for i in order)
     aliased = set(aliased_outputs(g, donated))
     fused = fused_ops(g)
     outputs = set(g.outputs)
     # who reads a value: its primitive and the remat regions it runs in (a region's inputs
-    # pass an optimization barrier, which no fusion crosses)
-    regions = [frozenset(s for s in op.scope if s.startswith("remat.")) for op in g.ops]
+    # pass an optimization barrier, which no fusion crosses; XLA:CPU expands the barriers)
+    barriers = order is None
+    regions = [
+        frozenset(s for s in op.scope if s.startswith("remat.")) if barriers else frozenset()
+        for op in ops
+    ]
     readers: dict[str, list[tuple[str, frozenset]]] = {}
-    for op, rg in zip(g.ops, regions, strict=True):
+    for op, rg in zip(ops, regions, strict=True):
         for t in op.inputs:
             readers.setdefault(t, []).append((op.primitive, rg))
     kept = _sixteen_bit_into_conv(g)
     source: dict[str, tuple[str, ...]] = {}  # a value with no buffer -> the buffers it reads
-    for op, rg in zip(g.ops, regions, strict=True):
+    for op, rg in zip(ops, regions, strict=True):
         duplicated = (
             op.primitive in _DUPLICABLE
             and not kept & set(op.outputs)
@@ -113,23 +200,29 @@ def lifetimes(
             for o in op.outputs:
                 source[o] = srcs
     last: dict[str, int] = {}
-    for i, op in enumerate(g.ops):
+    for i, op in enumerate(ops):
         for t in op.inputs:
             for s in source.get(t, (t,)):
                 last[s] = i
-    end = len(g.ops)
+    end = len(ops)
     for o in g.outputs:
         last[o] = end
     inputs = set(g.inputs)
     # a loop's results (its carries, its stacked outputs) are buffers from its first body op
-    # on: the body writes into them (the loop op follows its body in program order)
+    # on: the body writes into them (the loop op follows its body, in either order)
     start: dict[str, int] = {}
-    for i, op in enumerate(g.ops):
+    for i, op in enumerate(ops):
         for s in op.scope:
             if s.split(".", 1)[0] in LOOP_OPS:
                 start.setdefault(s.split("/", 1)[0], i)  # cond.3/branch1 -> cond.3
-    out = []
-    for i, op in enumerate(g.ops):
+    out = Lifetimes()
+    if order is not None:
+        out.order = order
+        position = [0] * len(order)
+        for k, i in enumerate(order):
+            position[i] = k
+        out.position = tuple(position)
+    for i, op in enumerate(ops):
         born = start.get(op.name, i) if op.primitive in LOOP_OPS else i
         # a scan's outputs: its carries, then its stacks
         stacks = op.param("num_carry", 0) if stacks_at_start and op.primitive == "scan" else None
@@ -139,7 +232,8 @@ def lifetimes(
                 continue  # (a value in host memory takes no HBM)
             first = 0 if stacks is not None and k >= stacks else born
             out.append((t, first, max(last.get(t, i), i)))  # never read: freed right after
-    return out + _conv_layout_copies(g)
+    out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]
+    return out
 
 
 def _sixteen_bit_into_conv(g: Graph) -> set[str]:
@@ -185,10 +279,10 @@ def liveness_peak(
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
-    ``(first op index, last op index, bytes)`` (a tensor resharded for its readers: FSDP's
-    gathered weights live from the first reader to the last). ``lives`` is
-    :func:`lifetimes` when the caller already has it (the search walks one graph often),
-    ``stacks_at_start`` as there."""
+    ``(first op index, last op index, bytes)`` in program order (a tensor resharded for its
+    readers: FSDP's gathered weights live from the first reader to the last), placed in the
+    schedule as :meth:`Lifetimes.span` places them. ``lives`` is :func:`lifetimes` when the
+    caller already has it (the search walks one graph often), ``stacks_at_start`` as there."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
@@ -202,18 +296,23 @@ def liveness_peak(
         delta[first] += b
         delta[last + 1] -= b
     extra = [0] * (n + 2)
+    span = getattr(lives, "span", None)
     for first, last, b in copies:
+        if span is not None:
+            first, last = span(first, last)
         delta[first] += b
         delta[last + 1] -= b
         extra[first] += b
         extra[last + 1] -= b
+    order = getattr(lives, "order", None)
     live, peak, peak_op = 0, 0, None
     held = held_at_peak = 0
     for i in range(n):
         live += delta[i]
         held += extra[i]
         if live > peak:
-            peak, peak_op, held_at_peak = live, g.ops[i].name, held
+            peak, held_at_peak = live, held
+            peak_op = g.ops[i if order is None else order[i]].name
     total = sum(resident.values())
     by = {**resident, "activations": peak - held_at_peak}
     if held_at_peak:

@@ -53,10 +53,11 @@ def memory_row(req: Request, point: int) -> MemoryRow:
     for t, a, b in st.lifetimes:
         if a <= point <= b:
             add(t)
+    place = _placer(st)
     copies = []
     for t, rs in st.reads:
-        before = [(st.node_of[r], pos) for r, pos, i in rs if i <= point]
-        after = [(st.node_of[r], pos) for r, pos, i in rs if i >= point]
+        before = [(st.node_of[r], pos) for r, pos, i in rs if place(i) <= point]
+        after = [(st.node_of[r], pos) for r, pos, i in rs if place(i) >= point]
         if not before or not after:
             continue
         r0 = st.root[t]
@@ -74,6 +75,12 @@ def memory_row(req: Request, point: int) -> MemoryRow:
             nbytes = local_bytes(g.tensors[t], req.layouts[w], mesh)
             copies.append((nbytes, r0.node, same, bw, aw))
     return MemoryRow(point, terms, copies)
+
+
+def _placer(st: Structure):
+    """Program index -> position in the schedule ``st.lifetimes`` is walked in (the same
+    where that is program order)."""
+    return getattr(st.lifetimes, "place", lambda i: i)
 
 
 class _Liveness:
@@ -134,6 +141,9 @@ class _Liveness:
         self.r_want = np.array(r_want, dtype=np.int64)
         self.r_at = np.array(r_at, dtype=np.int64)
         self.n = len(g.ops)
+        # a copy's first and last reader (program indices) -> schedule positions (Lifetimes.span)
+        position = getattr(lives, "position", None)
+        self.position = None if position is None else np.array(position, dtype=np.int64)
 
     def peak(self, req: Request, choice: Sequence[int]) -> tuple[int, int]:
         if req._liveness is None:  # this request's layout ids per kind and per reader
@@ -169,6 +179,9 @@ class _Liveness:
                 last = np.zeros(len(uniq), dtype=np.int64)
                 np.minimum.at(first, inv, at)
                 np.maximum.at(last, inv, at)
+                if self.position is not None:
+                    a, b = self.position[first], self.position[last]
+                    first, last = np.minimum(a, b), np.maximum(a, b)
                 # its bytes by (shape, dtype, layout)
                 sk, sinv = np.unique(self.r_shape[moved] * span + w, return_inverse=True)
                 st_ = self.shape_tensor
@@ -187,7 +200,8 @@ class _Liveness:
 
 
 def memory_peak(req: Request, choice: Sequence[int]) -> tuple[int, int]:
-    """(peak bytes per device, program point of the peak) of a choice: the liveness walk of
+    """(peak bytes per device, point of the peak: a position in the schedule the structure's
+    lifetimes follow) of a choice: the liveness walk of
     :func:`autolayout.cost_models.memory.liveness_peak` over the request's layouts (the
     readers of a tensor that want one layout other than its own share one copy, alive from
     the first of them to the last)."""
@@ -222,4 +236,6 @@ def memory_peak_walk(req: Request, choice: Sequence[int]) -> tuple[int, int]:
                     sp[0], sp[1] = min(sp[0], i), max(sp[1], i)
         copies += [(a, b, req.local_bytes(t, w)) for w, (a, b) in spans.items()]
     mem = liveness_peak(g, nbytes, copies=copies, lives=st.lifetimes)
-    return mem.peak_bytes, st.index[mem.peak_op] if mem.peak_op is not None else 0
+    if mem.peak_op is None:
+        return mem.peak_bytes, 0
+    return mem.peak_bytes, _placer(st)(st.index[mem.peak_op])
