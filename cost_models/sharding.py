@@ -57,6 +57,7 @@ _SUM_OPS = frozenset(
 )
 _REDUCE_KIND = {"reduce_max": "max", "reduce_min": "min"}
 _SCATTER_OPS = frozenset({"scatter-add", "scatter_add", "scatter"})
+_PARTIAL = ("sum", "max", "min")  # group kinds that leave a partial result
 # ops that move no data through HBM of their own (views, or fused into their consumer)
 _FREE_OPS = frozenset(
     {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name", "iota", "stop_gradient"}
@@ -193,6 +194,7 @@ def from_partial(
     partial: tuple[str, ...],
     dst: Layout,
     stepwise: bool = False,
+    parts: list[tuple[str, ...]] | None = None,
 ) -> list[Comm]:
     """Completes a partial result (summed over ``partial`` mesh axes) into layout ``dst``.
 
@@ -204,7 +206,9 @@ def from_partial(
     axis ``dst`` splits on partial axes alone (slicing after), then the rest of the partial
     axes on the slice: partial over ``a, b, c`` into ``[a, b]`` is an all-reduce over ``b``
     and one over ``a`` of the whole and one over ``c`` of a quarter. Any other op (a reduce,
-    a scatter-add) all-reduces the whole buffer over every partial axis, then slices.
+    a scatter-add) all-reduces the whole buffer once per reduced tensor axis (``parts``: the
+    partial axes of each; a sum over a batch split on ``a, b`` and a sequence split on ``c``
+    is two all-reduces of the whole), then slices.
     """
     cur = [tuple(x) for x in produced]
     if not partial:
@@ -239,7 +243,8 @@ def from_partial(
                 cur[j] = cur[j] + a
         rest = tuple(a for a in partial if not any(a in s for s in scatter))
     else:
-        rest = partial
+        out += [all_reduce(p) for p in parts or [partial] if p]
+        rest = ()
     if rest:
         out.append(all_reduce(rest))
     return out + reshard(m, t, tuple(cur), dst)
@@ -784,7 +789,7 @@ def layouts_of(
     for grp, axes in zip(groups, assign, strict=True):
         for t, a in grp.members:
             per[t][a] = axes
-        if grp.kind in ("sum", "max", "min"):
+        if grp.kind in _PARTIAL:
             partial.extend(axes)
     wanted = {t: tuple(per[t]) for t in op.inputs}
     produced = {t: tuple(per[t]) for t in op.outputs}
@@ -835,8 +840,11 @@ def op_cost(
     comms += index_alignment(m, g, op, wanted, produced)
     stepwise = op.primitive in MATRIX_OPS  # XLA's dot handler splits a partial result stepwise
     comms += halo_comms
+    parts = None
+    if partial and not stepwise:  # the partial axes of each reduced tensor axis
+        parts = [a for grp, a in zip(groups, assign, strict=True) if a and grp.kind in _PARTIAL]
     for t in op.outputs:
-        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], stepwise)
+        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], stepwise, parts)
     split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split * halo_flops
     moved = op.param("to") if op.primitive == "device_put" else None
