@@ -21,13 +21,14 @@ Around 3-D convolutions XLA keeps more: each conv's operands copied into the lay
 in, and a 16-bit elementwise chain into a conv as written (the H200's U-Net was predicted
 at 0.38x before).
 
-Where the profile's compiler is XLA:CPU (``efficiency.scan_stacks_at_start``), the walk follows
-its schedule instead of program order (:func:`schedule`): XLA:CPU expands optimization barriers
-before it schedules and then schedules breadth first, so a recomputation outside a loop runs
-as soon as the forward values it reads exist, in the forward pass, and lives until its
-backward reader, as the value it recomputes would have (an unrolled step's remat saves nothing
-there: measured 1.00-1.03x of the step as written's temporaries for every policy, 8 layers
-on 8 devices, where the program-order walk said 0.34-0.70x; docs/decisions.md).
+A remat region's optimization barrier keeps its recomputation in the backward pass, where
+the compiler keeps the barrier. XLA:CPU expands the barriers before it schedules, and then
+schedules breadth first, so there a recomputation outside loops runs as soon as the saved
+values it reads exist, in the forward pass, and lives until its backward reader, as the value
+it recomputes would have (:func:`schedule`; the profile says so: ``scan_stacks_at_start``,
+XLA:CPU's). An unrolled step's remat saves nothing there: a stranger's 8-layer LM on 8
+devices compiled at 1.000x the written step's temporaries under every policy where the walk
+in program order predicted 0.34-0.70x (tests/test_memory_strangers.py).
 
 This is a lower bound on what XLA allocates (it also keeps fusion temporaries and may
 schedule differently); ``al.validate`` prints XLA's ``memory_analysis()`` beside it.
@@ -35,7 +36,6 @@ schedule differently); ``al.validate`` prints XLA's ``memory_analysis()`` beside
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -102,73 +102,63 @@ class Lifetimes(list):
         return (a, b) if a <= b else (b, a)
 
 
-def _unit(op) -> str:
-    """What the scheduler places as one instruction: an op, or the outermost loop around it
-    (``cond.3/branch1`` -> ``cond.3``)."""
-    for s in op.scope:
-        if s.split(".", 1)[0] in LOOP_OPS:
-            return s.split("/", 1)[0]
-    return op.name
-
-
 @per_graph
-def schedule(g: Graph, breadth_first: bool = False) -> tuple[int, ...] | None:
+def schedule(g: Graph, barriers: bool = True) -> tuple[int, ...] | None:
     """The program indices of the step's ops in the order the compiler runs them; ``None``
-    for program order. ``breadth_first``: XLA:CPU's default scheduler (``BFSMemoryScheduler``,
-    its concurrency-optimised one): an instruction is queued once every operand has run and
-    the queue runs first in, first out (Kahn's algorithm), the instructions without operands
-    first. A loop (its body's ops, then the loop op) is one instruction. With the optimization
-    barriers XLA:CPU expands before scheduling gone, a remat region's recomputation is queued
-    as soon as the saved values it reads exist: in the forward pass."""
-    if not breadth_first:
+    for program order. ``barriers=False``: the compiler drops a remat region's optimization
+    barrier before it schedules (XLA:CPU expands them, then schedules breadth first: an
+    instruction runs once its operands exist), so a recomputation outside loops runs right
+    after the last value it reads is written, in the forward pass, not where the backward
+    pass reaches it; a regather's barrier likewise right after its weight. The other ops keep
+    program order (a breadth-first walk of the whole step moved the written steps' peaks away
+    from XLA:CPU's: my_transformer 0.54x -> 0.35x of its temporaries; the recomputation is
+    what the barriers decide)."""
+    if barriers:
         return None
-    unit_of = [_unit(op) for op in g.ops]
-    members: dict[str, list[int]] = {}
-    for i, u in enumerate(unit_of):
-        members.setdefault(u, []).append(i)
-    producer = {t: unit_of[i] for i, op in enumerate(g.ops) for t in op.outputs}
-    deps: dict[str, set[str]] = {u: set() for u in members}
-    users: dict[str, list[str]] = {u: [] for u in members}
+    anchor: list[int] = []  # the op a hoisted op runs right after (-1: the step's start)
+    hoisted: list[bool] = []
+    at: dict[str, int] = {}  # a value -> the anchor of the op that writes it
     for i, op in enumerate(g.ops):
-        u = unit_of[i]
-        for t in op.inputs:
-            p = producer.get(t)
-            if p is not None and p != u and p not in deps[u]:
-                deps[u].add(p)
-                users[p].append(u)
-    left = {u: len(d) for u, d in deps.items()}
-    queue = deque(u for u in members if not left[u])
-    order: list[int] = []
-    while queue:
-        u = queue.popleft()
-        order += members[u]
-        for v in users[u]:
-            left[v] -= 1
-            if not left[v]:
-                queue.append(v)
-    assert len(order) == len(g.ops), "the step's ops form a cycle"
-    return tuple(order)
+        free = op.primitive not in LOOP_OPS and not any(
+            s.split(".", 1)[0] in LOOP_OPS for s in op.scope
+        )
+        h = free and (op.remat or op.primitive == "optimization_barrier")
+        a = max((at.get(t, -1) for t in op.inputs), default=-1) if h else i
+        anchor.append(a)
+        hoisted.append(h)
+        for t in op.outputs:
+            at[t] = a
+    if not any(hoisted):
+        return None
+    return tuple(sorted(range(len(g.ops)), key=lambda i: (anchor[i], hoisted[i], i)))
 
 
 @per_graph
-def lifetimes(g: Graph, donated: Sequence[str] = (), stacks_at_start: bool = False) -> Lifetimes:
+def lifetimes(
+    g: Graph,
+    donated: Sequence[str] = (),
+    stacks_at_start: bool = False,
+    barriers: bool | None = None,
+) -> Lifetimes:
     """``(tensor, first, last)`` of every buffer the step allocates, as positions in the
     step's :func:`schedule`: op results from the op that writes them to their last reader
     (the step's outputs to the end), inputs and outputs that reuse a donated input left out.
-    ``stacks_at_start``: the profile's ``efficiency.scan_stacks_at_start``, which XLA:CPU's
-    profile sets: every scan's stacked outputs are allocated at the step's start (its
-    breadth-first scheduler puts their zero fill, which reads nothing, first), else from their
-    loop's first body op; and the walk follows XLA:CPU's breadth-first schedule with no
-    optimization barriers (:func:`schedule`), else program order with a remat region's
-    barrier."""
-    order = schedule(g, stacks_at_start)
+    ``stacks_at_start``: every scan's stacked outputs are allocated at the step's start (the
+    profile's ``efficiency.scan_stacks_at_start``: XLA:CPU's breadth-first scheduler puts
+    their zero fill, which reads nothing, before the first loop), else from their loop's first
+    body op. ``barriers``: whether a remat region's optimization barrier reaches the
+    scheduler (no fusion crosses it, the recomputation waits for the backward pass); ``None``
+    takes it from ``stacks_at_start``, which only XLA:CPU's profile sets, and XLA:CPU drops
+    them (:func:`schedule`)."""
+    if barriers is None:
+        barriers = not stacks_at_start
+    order = schedule(g, barriers)
     ops = g.ops if order is None else tuple(g.ops[i] for i in order)
     aliased = set(aliased_outputs(g, donated))
     fused = fused_ops(g)
     outputs = set(g.outputs)
     # who reads a value: its primitive and the remat regions it runs in (a region's inputs
-    # pass an optimization barrier, which no fusion crosses; XLA:CPU expands the barriers)
-    barriers = order is None
+    # pass an optimization barrier, which no fusion crosses, where the compiler keeps it)
     regions = [
         frozenset(s for s in op.scope if s.startswith("remat.")) if barriers else frozenset()
         for op in ops
@@ -276,13 +266,15 @@ def liveness_peak(
     copies: Sequence[tuple[int, int, int]] = (),
     lives: Sequence[tuple[str, int, int]] | None = None,
     stacks_at_start: bool = False,
+    barriers: bool | None = None,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
     ``(first op index, last op index, bytes)`` in program order (a tensor resharded for its
     readers: FSDP's gathered weights live from the first reader to the last), placed in the
     schedule as :meth:`Lifetimes.span` places them. ``lives`` is :func:`lifetimes` when the
-    caller already has it (the search walks one graph often), ``stacks_at_start`` as there."""
+    caller already has it (the search walks one graph often), ``stacks_at_start`` and
+    ``barriers`` as there."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
@@ -290,7 +282,7 @@ def liveness_peak(
     n = len(g.ops)
     delta = [0] * (n + 2)
     if lives is None:
-        lives = lifetimes(g, donated, stacks_at_start)
+        lives = lifetimes(g, donated, stacks_at_start, barriers)
     for t, first, last in lives:
         b = nbytes(t)
         delta[first] += b

@@ -192,11 +192,10 @@ def test_a_scanned_stack_is_recomputed_in_its_backward_scan(model):
     base = plan(wl).predicted
     base_act = base["memory_by_category"]["activations"]
     # measured (MiB per device, predicted / compiled), as written, nothing_saveable,
-    # dots_saveable: GPT 105.6 / 113.1, 39.5 / 41.0, 50.0 / 49.3; T5 116.5 / 126.9, 47.3 /
-    # 49.7; MoE 118.9 / 135.7, 63.6 / 72.2. Compiled fall over predicted fall: GPT 0.97,
-    # 0.92; T5 0.96 (0.85 before cpu.toml's scan_stacks_at_start: XLA:CPU puts every loop's
-    # zero-filled stacks, the backward scans' too, before the first loop); MoE 0.99 (the walk
-    # in XLA:CPU's breadth-first order; in program order GPT 0.93, 0.89, T5 0.95).
+    # dots_saveable: GPT 104.1 / 113.1, 40.5 / 41.0, 51.0 / 49.3; T5 116.2 / 126.9, 48.0 /
+    # 49.7; MoE 119.9 / 135.7, 64.6 / 72.2. Compiled fall over predicted fall: GPT 0.93,
+    # 0.89; T5 0.95 (0.85 before cpu.toml's scan_stacks_at_start: XLA:CPU puts every loop's
+    # zero-filled stacks, the backward scans' too, before the first loop); MoE 0.99.
     # docs/decisions.md has the single-device and library-fusion runs
     assert base_temp / base_act == pytest.approx(1, abs=0.3)
     for policy, t in zip(policies, temps, strict=True):
