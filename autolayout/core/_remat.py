@@ -720,6 +720,7 @@ def remat(
 
     tag = describe(policy, regather, offload)
     step.remat_policy = tag  # al.apply and autolayout run: already rewritten
+    step.closed_jaxpr = new  # al.trace walks it instead of tracing the step's Python again
     options = dict(workload.options, remat_policy=tag)
     return dataclasses.replace(workload, fn=step, name=f"{workload.name}+remat({tag})",
                                options=options)  # fmt: skip
