@@ -82,7 +82,7 @@ def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
     """The fastest fitting standard layout of one stage's step (else the least memory)."""
     best, key = None, None
     for mesh, rules in standard_layouts(sg, sub.num_devices).values():
-        charge(Clock.FINAL_OP_S * len(sg.ops))  # priced exactly, as a plan's winner is
+        charge(Clock.final_work(len(sg.ops)))  # priced exactly, as a plan's winner is
         try:
             p = evaluate(swl, sub, mesh=mesh, rules=rules, graph=sg)
         except AutolayoutError:

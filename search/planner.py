@@ -265,45 +265,54 @@ def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]
 
 
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
-    """``plan(remat="auto")``: the step as written if it fits; else every policy of
-    :func:`remat_candidates` ranked on an equal part of a share of the budget, and the fastest
-    that fits (else the one that needs least memory) searched with the rest."""
-    end = now() + kw["time_limit_s"]
-    first = plan(
-        workload, hw, graph=graph, **dict(kw, time_limit_s=AUTO_FIRST * kw["time_limit_s"])
-    )
+    """``plan(remat="auto")``: the step as written if it fits; else the policies of
+    :func:`remat_candidates` the budget can plan ranked on an equal part of a share of it,
+    and the fastest that fits (else the one that needs least memory) searched with the
+    rest."""
+    budget = kw["time_limit_s"]
+    end = now() + budget
+    if graph is None:
+        graph = trace(workload)
+        charge(Clock.TRACE_OP_S * len(graph.ops))
+    # what one plan of this step takes at the least: traced, seeded on a shape, priced
+    least = Clock.least_work(len(graph.ops)) if clock().deterministic else 0.0
+    first_s = min(budget, max(AUTO_FIRST * budget, least))
+    first = plan(workload, hw, graph=graph, **dict(kw, time_limit_s=first_s))
     if interrupted():  # a Ctrl-C: the answer so far, no candidates after it
         return first
     if first.status != "INFEASIBLE":
-        again = plan(workload, hw, graph=first.graph, **dict(kw, time_limit_s=end - now()))
+        again = plan(workload, hw, graph=graph, **dict(kw, time_limit_s=end - now()))
         return _faster(first, again)
-    cands = remat_candidates(first.graph, hw)
-    # as many as the budget can plan at all, in their order (each is traced, seeded on one
-    # mesh shape at least and priced exactly)
-    least = Clock.least_work(len(first.graph.ops)) if clock().deterministic else 0.0
+    cands = remat_candidates(graph, hw)
     share = AUTO_RANK * max(0.0, end - now())  # nothing where the wall-clock stop has come
     fit = max(1, min(len(cands), int(share // least))) if least > 0 else len(cands)
     each = share / fit
-    tried, best = [], None
-    for tag in cands[:fit]:
+    order = list(cands)
+    need = first.solver.get("least_memory_bytes", first.predicted["memory_bytes_per_device"])
+    if fit < len(cands) and need > 2 * first.predicted["memory_limit_bytes"]:
+        order.sort(key=_saving_rank)  # far from fitting: the policies that save most first
+    tried: dict[str, dict] = {}
+    best = None
+    for tag in order[:fit]:
         try:
             wl = remat_workload(workload, *parse_remat(tag))
             p = plan(wl, hw, **dict(kw, time_limit_s=each))
         except AutolayoutError as e:  # a step the rewrite or the search refuses
-            tried.append({"policy": tag, "error": str(e)})
+            tried[tag] = {"policy": tag, "error": str(e)}
             continue
         s = p.summary()
         fits = p.status != "INFEASIBLE"
-        tried.append({"policy": tag, "fits": fits, "step_time_s": s["step_time_s"],
+        tried[tag] = {"policy": tag, "fits": fits, "step_time_s": s["step_time_s"],
                       "memory_bytes_per_device": s["memory_bytes_per_device"],
-                      "mesh": dict(p.mesh)})  # fmt: skip
+                      "mesh": dict(p.mesh)}  # fmt: skip
         key = (not fits, s["step_time_s"] if fits else s["memory_bytes_per_device"])
         if best is None or key < best[0]:
             best = (key, wl, p)
-    for tag in cands[fit:]:
-        tried.append({"policy": tag, "error": "not ranked: the time limit leaves no budget for it"})
+    for tag in order[fit:]:
+        tried[tag] = {"policy": tag, "error": "not ranked: the time limit leaves no budget for it"}
+    in_order = [tried[t] for t in cands]
     if best is None:
-        first.solver["remat"]["tried"] = tried
+        first.solver["remat"]["tried"] = in_order
         return first
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
     # own plan where that search came out slower
@@ -311,9 +320,22 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     chosen = _faster(
         ranked, plan(best[1], hw, graph=ranked.graph, **dict(kw, time_limit_s=end - now()))
     )
-    chosen.solver["remat"]["tried"] = tried
+    chosen.solver["remat"]["tried"] = in_order
     chosen.solver["remat"]["ranked_s"] = each
     return chosen
+
+
+# the policies by what they save, most first (where few can be ranked and the step as
+# written needs more than twice the memory: one that saves little would not fit); offload
+# after the others that save much (the host link is slow: it fits where nothing else does)
+SAVING = ("nothing_saveable", "nothing_saveable+regather", "save_only_these_names",
+          "dots_with_no_batch_dims_saveable", "nothing_saveable+offload",
+          "dots_saveable+regather", "dots_saveable", "dots_saveable+offload", "regather")  # fmt: skip
+
+
+def _saving_rank(tag: str) -> int:
+    base = tag.split(":")[0]  # save_only_these_names:a,b[+regather]
+    return SAVING.index(base) if base in SAVING else SAVING.index("save_only_these_names")
 
 
 def _faster(a: Plan, b: Plan) -> Plan:
@@ -366,7 +388,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     final = min(FINAL_FIXED_S + FINAL_FACTOR * analyse_s, FINAL_SHARE * time_limit_s)
     hand_s = min(FINAL_HAND_FACTOR * analyse_s, FINAL_SHARE * time_limit_s - final)
     if c.deterministic:
-        work = min(Clock.FINAL_OP_S * len(graph.ops), FINAL_SHARE * time_limit_s)
+        work = min(Clock.final_work(len(graph.ops)), FINAL_SHARE * time_limit_s)
         final_res, hand_res = work, min(FINAL_HAND_FACTOR * work, FINAL_SHARE * time_limit_s - work)
     else:
         final_res, hand_res = final, hand_s
@@ -383,7 +405,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     if isinstance(win, Plan):  # objective="memory" answers with a plan
         return win
     p = _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
-    charge(Clock.FINAL_OP_S * len(graph.ops))
+    charge(Clock.final_work(len(graph.ops)))
     if stopped:
         p.solver["stopped"] = stopped
     return p
