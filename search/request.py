@@ -24,6 +24,7 @@ prices a choice from this data alone; the tests hold it equal to ``price``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -117,6 +118,10 @@ class Request:
     def graph(self) -> Graph:
         return self.structure.graph
 
+    @functools.cached_property
+    def _log_devices(self) -> float:
+        return math.log2(max(2, math.prod(self.machine.mesh.values())))
+
     def layout_id(self, layout: Layout) -> int:
         try:
             i = self._ids.get(layout)  # a tuple of tuples already (the common case)
@@ -197,7 +202,7 @@ class Request:
         key = (tt.shape, tt.dtype, a, b, r.boundary)
         v = self._read_cost.get(key)
         if v is None:
-            charge(Clock.READ_COST_S)
+            charge(Clock.READ_COST_S * self._log_devices)
             if r.boundary is None:
                 comms = reshard(self.machine, tt, self.layouts[a], self.layouts[b])
             else:

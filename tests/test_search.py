@@ -260,7 +260,9 @@ def test_deterministic_plan_stays_near_its_work_limit():
     p = al.plan(wl, "tpu-v4-1024", time_limit_s=10, memory_limit=2**30)
     cpu = time.process_time() - c0
     assert p.status == "INFEASIBLE" and p.solver["deterministic"]
-    assert p.solver["work_s"] <= 10 * WORK_SHARE * 1.25, p.solver["work_s"]
+    # the search stops at its budget (half the limit); the winner's exact pricing and its
+    # bound (every strategy of every node priced) come after it, inside the limit
+    assert 10 * WORK_SHARE <= p.solver["work_s"] <= 10, p.solver["work_s"]
     assert cpu < 2 * p.solver["work_s"], (cpu, p.solver["work_s"], p.solver["phases_s"])
 
 
@@ -462,19 +464,17 @@ def test_unet_at_batch_1_on_256_cubed_splits_space():
     assert cmp.loc["auto", "step_time_s"] < cmp.loc["megatron", "step_time_s"]
 
 
-def test_a_deterministic_time_limit_holds_on_the_wall_clock():
-    """--deterministic --time-limit 10 took 28 s: the work clock undercounts the Python
-    side. The wall clock is now a backstop; a plan it cut says it may differ between runs."""
+def test_timeout_means_the_budget_was_spent():
+    """TIMEOUT says the search's budget ran out (work, half the limit); a search that ended
+    with budget left (its rounds done, or a shape's share spent) is FEASIBLE and says why.
+    (The wall-clock stop: tests/test_clock.py.)"""
     wl = al.load_workload(f"{MODELS}/my_transformer.py")
-    t0 = time.perf_counter()
-    p = al.plan(wl, "cpu-8", time_limit_s=5, deterministic=True)
-    wall = time.perf_counter() - t0
-    assert wall < 5 * 1.3 + 1, (wall, p.solver["phases_s"])
-    if not p.solver["deterministic"]:
-        assert "wall-clock limit came before the work limit" in p.solver["stopped"]
-    # TIMEOUT means the limit was reached: the work clock charges an ILP element at the top
-    # of its measured wall time (14-20 us), so the work can run ahead of the wall by 0.7x
-    assert p.status != "TIMEOUT" or wall >= 5 * 0.75
+    p = al.plan(wl, "cpu-8", time_limit_s=5)
+    assert p.solver["deterministic"]
+    if p.status == "TIMEOUT":
+        assert p.solver["work_s"] >= 5 * WORK_SHARE * 0.9, p.solver["work_s"]
+    else:
+        assert p.status == "OPTIMAL" or p.solver.get("stopped"), p.solver
 
 
 def test_a_plan_states_a_lower_bound_no_layout_on_its_mesh_beats():
