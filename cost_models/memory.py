@@ -82,24 +82,26 @@ def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
 class Lifetimes(list):
     """:func:`lifetimes`' answer, a list of ``(tensor, first, last)`` in positions of the
     step's schedule, with that schedule: ``order`` the program indices of the ops in the
-    order they run, ``position`` each program index's place in it (both ``None`` where the
-    schedule is program order)."""
+    order they run, ``position`` each program index's place in it, ``made`` where a copy an
+    op reads first can be made (all ``None`` where the schedule is program order)."""
 
     order: tuple[int, ...] | None = None
     position: tuple[int, ...] | None = None
+    made: tuple[int, ...] | None = None
 
     def place(self, i: int) -> int:
         """The schedule position of the op at program index ``i``."""
         return i if self.position is None else self.position[i]
 
     def span(self, first: int, last: int) -> tuple[int, int]:
-        """A span of program indices (a copy's first and last reader) in schedule positions:
-        its two ends placed, in order (the readers between are not known here; the search's
-        walk places copies the same way, so the two stay equal)."""
+        """A copy read from program index ``first`` to ``last`` (its first and last reader)
+        in schedule positions: from where it is made to its last reader placed (the readers
+        between are not known here; the search's walk places copies the same way, so the two
+        stay equal)."""
         if self.position is None:
             return first, last
         a, b = self.position[first], self.position[last]
-        return (a, b) if a <= b else (b, a)
+        return min(self.made[first], b), max(a, b)
 
 
 @per_graph
@@ -212,6 +214,7 @@ def lifetimes(
         for k, i in enumerate(order):
             position[i] = k
         out.position = tuple(position)
+        out.made = _copies_made(g, position)
     for i, op in enumerate(ops):
         born = start.get(op.name, i) if op.primitive in LOOP_OPS else i
         # a scan's outputs: its carries, then its stacks
@@ -224,6 +227,26 @@ def lifetimes(
             out.append((t, first, max(last.get(t, i), i)))  # never read: freed right after
     out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]
     return out
+
+
+def _copies_made(g: Graph, position: list[int]) -> tuple[int, ...]:
+    """Per program index, where a copy the op there reads first is made, barriers dropped:
+    at its reader, or right after an optimization barrier outside loops whose output the op
+    reads (a regather's weight: XLA:CPU gathers it at the step's start, beside the forward
+    pass's gathered copy; the tiny GPT under FSDP with ``+regather`` compiled 1.12x the
+    temporaries the step as written did, where barriers kept would save the forward's
+    copies). An op reading such a barrier's output and another copy gives both that start."""
+    barrier = {
+        t: position[i] + 1
+        for i, op in enumerate(g.ops)
+        if op.primitive == "optimization_barrier"
+        and not any(s.split(".", 1)[0] in LOOP_OPS for s in op.scope)
+        for t in op.outputs
+    }
+    return tuple(
+        min([position[i]] + [barrier[t] for t in op.inputs if t in barrier])
+        for i, op in enumerate(g.ops)
+    )
 
 
 def _sixteen_bit_into_conv(g: Graph) -> set[str]:

@@ -144,6 +144,7 @@ class _Liveness:
         # a copy's first and last reader (program indices) -> schedule positions (Lifetimes.span)
         position = getattr(lives, "position", None)
         self.position = None if position is None else np.array(position, dtype=np.int64)
+        self.made = None if position is None else np.array(lives.made, dtype=np.int64)
 
     def peak(self, req: Request, choice: Sequence[int]) -> tuple[int, int]:
         if req._liveness is None:  # this request's layout ids per kind and per reader
@@ -179,9 +180,9 @@ class _Liveness:
                 last = np.zeros(len(uniq), dtype=np.int64)
                 np.minimum.at(first, inv, at)
                 np.maximum.at(last, inv, at)
-                if self.position is not None:
+                if self.position is not None:  # as Lifetimes.span
                     a, b = self.position[first], self.position[last]
-                    first, last = np.minimum(a, b), np.maximum(a, b)
+                    first, last = np.minimum(self.made[first], b), np.maximum(a, b)
                 # its bytes by (shape, dtype, layout)
                 sk, sinv = np.unique(self.r_shape[moved] * span + w, return_inverse=True)
                 st_ = self.shape_tensor

@@ -36,8 +36,8 @@ CASES = {
         ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
          "nothing_saveable+regather"),
     ),
-    "gpt": (dict(layers=2), {"data": 8}, [("batch", ("data",))],
-            ("nothing_saveable", "dots_saveable")),
+    "gpt": (dict(layers=2), {"fsdp": 8}, [("batch", ("fsdp",)), ("d_model", ("fsdp",))],
+            ("nothing_saveable", "dots_saveable", "as_written+regather")),
 }  # fmt: skip
 
 
@@ -59,9 +59,11 @@ def _held(plan: al.Plan) -> int:
 def test_remat_falls_as_xla_cpu_compiles_it(model):
     """Each policy's predicted fall (activations and resharded copies at the peak, against
     the step as written) is the compiled one within 15%, XLA:CPU's default flags: 1.000
-    compiled for every policy (the recomputation scheduled back into the forward pass),
-    0.93-1.04 predicted. The walk in program order predicted 0.34-0.70x on the stranger's 8
-    layers: what the issue's plan at 0.50x of FSDP's memory rested on."""
+    compiled for every policy of the stranger (the recomputation scheduled back into the
+    forward pass), 1.02-1.07 predicted; the tiny GPT's regather 1.12 compiled, 1.06
+    predicted (its second gathers made at the step's start). The walk in program order
+    predicted 0.34-0.70x on the stranger's 8 layers (what the issue's plan at 0.50x of FSDP's
+    memory rested on) and 0.66x for the GPT's regather."""
     options, mesh, rules, policies = CASES[model]
     wl = _stranger(**options) if model == "stranger_lm" else load_model(model, **options)
     base = al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules)
@@ -72,7 +74,7 @@ def test_remat_falls_as_xla_cpu_compiles_it(model):
         predicted = _held(p) / _held(base)
         compiled = _temporaries(p, w) / base_temp
         assert compiled / predicted == pytest.approx(1, abs=0.15), (tag, compiled, predicted)
-        assert predicted > 0.9, (tag, predicted)  # XLA:CPU recomputes in the forward pass
+        assert predicted > 0.95, (tag, predicted)  # XLA:CPU recomputes in the forward pass
 
 
 def test_a_recomputation_runs_right_after_what_it_reads_on_xla_cpu():

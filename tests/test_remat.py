@@ -124,7 +124,9 @@ def test_regather_gathers_weights_again_in_the_backward_pass_as_xla_compiles_it(
     """FSDP with ``regather``: each weight is gathered again for the backward pass (the
     barrier keeps it as stored), so the forward's gathered copy is not kept: the compiled
     all-gathers are the predicted ones in bytes and count, more than as written, and the
-    predicted memory falls."""
+    predicted memory falls where the compiler keeps the barrier (a GPU's). XLA:CPU expands
+    it and gathers the weights again at the step's start (its temporaries rose 1.27 -> 1.42
+    MiB): there the prediction does not fall either."""
     wl = load_model("gpt", layers=2)
     rows = {}
     for w in (wl, al.remat(wl, None, True)):
@@ -133,9 +135,11 @@ def test_regather_gathers_weights_again_in_the_backward_pass_as_xla_compiles_it(
         v = al.validate(p, w).set_index("quantity").loc["all-gather"]
         assert v.predicted == pytest.approx(v.compiled, rel=0.01)
         assert v.predicted_count == v.compiled_count
-        rows[w.name] = (v.compiled_count, p.summary()["memory_bytes_per_device"])
-    (n0, m0), (n1, m1) = rows.values()
-    assert n1 > n0 and m1 < 0.8 * m0, rows
+        gpu = al.evaluate(w, "h100-8", mesh=mesh, rules=rules)
+        rows[w.name] = (v.compiled_count, p.summary()["memory_bytes_per_device"],
+                        gpu.summary()["memory_bytes_per_device"])  # fmt: skip
+    (n0, c0, g0), (n1, c1, g1) = rows.values()
+    assert n1 > n0 and g1 < 0.8 * g0 and c1 >= c0, rows
 
 
 # per model: small shapes where activations dominate (compiles in seconds), scanned
