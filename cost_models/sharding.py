@@ -193,22 +193,26 @@ def from_partial(
     produced: Layout,
     partial: tuple[str, ...],
     dst: Layout,
-    stepwise: bool = False,
+    form: str = "",
     parts: list[tuple[str, ...]] | None = None,
 ) -> list[Comm]:
     """Completes a partial result (summed over ``partial`` mesh axes) into layout ``dst``.
 
     A partial axis that ``dst`` splits ``t`` on is reduce-scattered first, the rest then
     all-reduced on the scattered piece; then :func:`reshard`. On a backend without
-    reduce-scatter (XLA:CPU) it depends on the op (measured, 8 CPU devices): a matmul or
-    conv (``stepwise``: XLA's dot handler partitions to the output's split) is computed at
-    the splits of ``dst`` that are not partial, all-reduces the whole buffer once per tensor
+    reduce-scatter (XLA:CPU) it depends on the op's ``form`` (measured, 8 CPU devices): a
+    matmul or conv (``"dot"``: XLA's dot handler partitions to the output's split) is computed
+    at the splits of ``dst`` that are not partial, all-reduces the whole buffer once per tensor
     axis ``dst`` splits on partial axes alone (slicing after), then the rest of the partial
     axes on the slice: partial over ``a, b, c`` into ``[a, b]`` is an all-reduce over ``b``
-    and one over ``a`` of the whole and one over ``c`` of a quarter. Any other op (a reduce,
-    a scatter-add) all-reduces the whole buffer once per reduced tensor axis (``parts``: the
-    partial axes of each; a sum over a batch split on ``a, b`` and a sequence split on ``c``
-    is two all-reduces of the whole), then slices.
+    and one over ``a`` of the whole and one over ``c`` of a quarter. A gather (``"gather"``)
+    is computed at every split of ``dst`` on a mesh axis not partial, wherever it stands
+    (XLA's gather handler partitions the indices' batch by the output's split, less the
+    table's axes): the embedding's output split on ``fsdp, data`` with the table's vocab on
+    ``fsdp`` all-reduces a quarter over ``fsdp``, then a slice and a permute (the order of
+    the axes). Any other op (a reduce, a scatter-add) all-reduces the whole buffer once per
+    reduced tensor axis (``parts``: the partial axes of each; a sum over a batch split on
+    ``a, b`` and a sequence split on ``c`` is two all-reduces of the whole), then slices.
     """
     cur = [tuple(x) for x in produced]
     if not partial:
@@ -231,7 +235,11 @@ def from_partial(
             out.append(m.comm("reduce-scatter", tuple(scatter), result, t.name, "partial",
                               combinable))  # fmt: skip
         rest = tuple(a for a in partial if a not in scatter)
-    elif stepwise:
+    elif form == "gather":
+        for j, d in enumerate(dst):
+            cur[j] = cur[j] + tuple(a for a in d if a not in partial and a not in used)
+        rest = partial
+    elif form == "dot":
         new = [d[len(c) :] if d[: len(c)] == c else () for c, d in zip(cur, dst, strict=True)]
         scatter = [a for a in new if a and set(a) <= set(partial) and not set(a) & used]
         for j, a in enumerate(new):  # the splits that are no partial axis: computed so
@@ -838,13 +846,14 @@ def op_cost(
         comms += reshard(m, tt, layouts[t], w)
     halo_comms, halo_flops = conv_split(m, g, op, groups, assign, wanted)
     comms += index_alignment(m, g, op, wanted, produced)
-    stepwise = op.primitive in MATRIX_OPS  # XLA's dot handler splits a partial result stepwise
+    # how XLA's partitioner completes the op's partial result (from_partial)
+    form = "dot" if op.primitive in MATRIX_OPS else "gather" if op.primitive == "gather" else ""
     comms += halo_comms
     parts = None
-    if partial and not stepwise:  # the partial axes of each reduced tensor axis
+    if partial and not form:  # the partial axes of each reduced tensor axis
         parts = [a for grp, a in zip(groups, assign, strict=True) if a and grp.kind in _PARTIAL]
     for t in op.outputs:
-        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], stepwise, parts)
+        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], form, parts)
     split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split * halo_flops
     moved = op.param("to") if op.primitive == "device_put" else None
