@@ -49,7 +49,7 @@ from autolayout.core import (
 
 from .collectives import Segment, collective_time, combines, group_segments, place_mesh
 from .compute import ATTENTION_OPS, KERNEL_OPS, MATRIX_OPS, compute_dtype, op_time
-from .xla_reshard import xla_reshard
+from .xla_reshard import slice_exchange, xla_reshard
 
 # input-only groups of these primitives are reductions (each device sums its part)
 _SUM_OPS = frozenset(
@@ -507,6 +507,35 @@ def conv_split(
     return out, factor
 
 
+def slice_halo(m: Machine, g: Graph, op: Op, layouts: dict[str, Layout]) -> list[Comm]:
+    """The collective-permutes XLA exchanges for a slice (or a split's piece) whose output
+    is split along the sliced axis: it reshards the operand like the output and exchanges each
+    block's window as halos (:func:`.xla_reshard.slice_exchange`), even from a whole operand
+    (measured: a fused QKV projection split into q, k, v laid out on their heads)."""
+    if op.primitive == "split":
+        d = op.param("axis", 0)
+        starts = [sum(op.param("sizes", ())[:k]) for k in range(len(op.outputs))]
+        cuts = [(o, d, a) for o, a in zip(op.outputs, starts, strict=True)]
+    elif op.primitive == "slice":
+        lo, src = op.param("start", ()), g.tensors[op.inputs[0]].shape
+        cuts = [(op.outputs[0], d, a) for d, a in enumerate(lo)
+                if (a, g.tensors[op.outputs[0]].shape[d]) != (0, src[d])]  # fmt: skip
+    else:
+        return []
+    out: list[Comm] = []
+    size = g.tensors[op.inputs[0]].shape
+    for o, d, start in cuts:
+        t, lay = g.tensors[o], layouts[o]
+        k = split_factor(lay[d], m.mesh)
+        if k == 1:
+            continue
+        n = t.shape[d]
+        per = local_bytes(t, lay, m.mesh) // (n // k)  # bytes of one element along d
+        for h in slice_exchange(size[d], k, start, n):
+            out.append(m.comm("collective-permute", lay[d], per * h, op.inputs[0], "halo"))
+    return out
+
+
 def op_tensors(op: Op) -> list[str]:
     """The op's outputs, then its inputs, a repeated tensor once: the positions that
     templates (:func:`op_template`) and signatures (:func:`op_signature`) index."""
@@ -846,6 +875,7 @@ def op_cost(
         comms += reshard(m, tt, layouts[t], w)
     halo_comms, halo_flops = conv_split(m, g, op, groups, assign, wanted)
     comms += index_alignment(m, g, op, wanted, produced)
+    comms += slice_halo(m, g, op, layouts)
     # how XLA's partitioner completes the op's partial result (from_partial)
     form = "dot" if op.primitive in MATRIX_OPS else "gather" if op.primitive == "gather" else ""
     comms += halo_comms
