@@ -286,3 +286,25 @@ def test_readme_model_on_fsdp_x_model_matches_xla():
     plan = al.plan(wl, "cpu-8", mesh={"fsdp": 2, "model": 4}, time_limit_s=3, deterministic=True)
     v = _checked_ok(plan)
     assert v.loc["all-reduce"].ok and abs(v.loc["all-reduce", "ratio"] - 1) <= 0.10, v
+
+
+@pytest.mark.parametrize(
+    "parts,size,start,length",
+    [(2, 1536, 0, 512), (2, 1536, 512, 512), (4, 1536, 0, 512), (4, 1536, 512, 512),
+     (4, 1536, 1024, 512), (8, 1536, 512, 512), (8, 2048, 256, 512), (8, 3072, 1024, 1024)],
+)  # fmt: skip
+def test_a_split_slice_exchanges_the_halos_xla_does(parts, size, start, length):
+    """A slice of an axis split in ``parts``, the slice split alike (a fused QKV projection's
+    q, k, v laid out on their heads): the permutes ``slice_exchange`` prices are XLA's, count
+    and elements each (halos within a neighbour, or the compact exchange beyond)."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from autolayout.cost_models.xla_reshard import slice_exchange
+
+    mesh = jax.make_mesh((parts,), ("b",), devices=jax.devices()[:parts])
+    s = NamedSharding(mesh, PartitionSpec(None, "b"))
+    f = jax.jit(lambda x: x[:, start : start + length], in_shardings=s, out_shardings=s)
+    hlo = f.lower(jax.ShapeDtypeStruct((4, size), jnp.float32)).compile().as_text()
+    got = sorted(c.bytes // 16 for c in hlo_collectives(hlo))  # f32[4, n]: n elements
+    assert got == sorted(slice_exchange(size, parts, start, length))
