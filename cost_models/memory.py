@@ -25,7 +25,7 @@ A remat region's optimization barrier keeps its recomputation in the backward pa
 the compiler keeps the barrier. XLA:CPU expands the barriers before it schedules, and then
 schedules breadth first, so there a recomputation outside loops runs as soon as the saved
 values it reads exist, in the forward pass, and lives until its backward reader, as the value
-it recomputes would have (:func:`schedule`; the profile says so: ``scan_stacks_at_start``,
+it recomputes would have (:func:`schedule`; the profile says so: ``remat_barriers = false``,
 XLA:CPU's). An unrolled step's remat saves nothing there: a stranger's 8-layer LM on 8
 devices compiled at 1.000x the written step's temporaries under every policy where the walk
 in program order predicted 0.34-0.70x (tests/test_memory_strangers.py).
@@ -140,7 +140,7 @@ def lifetimes(
     g: Graph,
     donated: Sequence[str] = (),
     stacks_at_start: bool = False,
-    barriers: bool | None = None,
+    barriers: bool = True,
 ) -> Lifetimes:
     """``(tensor, first, last)`` of every buffer the step allocates, as positions in the
     step's :func:`schedule`: op results from the op that writes them to their last reader
@@ -149,11 +149,9 @@ def lifetimes(
     profile's ``efficiency.scan_stacks_at_start``: XLA:CPU's breadth-first scheduler puts
     their zero fill, which reads nothing, before the first loop), else from their loop's first
     body op. ``barriers``: whether a remat region's optimization barrier reaches the
-    scheduler (no fusion crosses it, the recomputation waits for the backward pass); ``None``
-    takes it from ``stacks_at_start``, which only XLA:CPU's profile sets, and XLA:CPU drops
-    them (:func:`schedule`)."""
-    if barriers is None:
-        barriers = not stacks_at_start
+    scheduler (no fusion crosses it, the recomputation waits for the backward pass): the
+    profile's ``efficiency.remat_barriers``, false on XLA:CPU, which drops them
+    (:func:`schedule`)."""
     order = schedule(g, barriers)
     ops = g.ops if order is None else tuple(g.ops[i] for i in order)
     aliased = set(aliased_outputs(g, donated))
@@ -289,7 +287,7 @@ def liveness_peak(
     copies: Sequence[tuple[int, int, int]] = (),
     lives: Sequence[tuple[str, int, int]] | None = None,
     stacks_at_start: bool = False,
-    barriers: bool | None = None,
+    barriers: bool = True,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as

@@ -94,6 +94,7 @@ def price(
         donated,
         copies,
         stacks_at_start=hw.efficiency.scan_stacks_at_start,
+        barriers=hw.efficiency.remat_barriers,
     )
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices

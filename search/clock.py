@@ -54,6 +54,7 @@ class Clock:
     # CPU on 4k-element models and 5 s on 40k ones): charged per unit by the model's size
     SAT_S = 0.6
     SAT_PER_ELEMENT_S = 1.1e-4
+    SAT_MAX = 6.0  # measured up to 46k elements (5x); not extrapolated past it
     # an ILP's variable or constraint, built in Python and loaded into CP-SAT
     ELEMENT_S = 3.5e-5
     PRICE_NODE_S = 9e-6  # a candidate priced (step time and memory walk), per request node
@@ -118,7 +119,7 @@ class Clock:
     def sat_work(deterministic_s: float, elements: int) -> float:
         """What a CP-SAT solve is charged: its deterministic time, scaled by its model's
         size, and the model's building."""
-        per_unit = Clock.SAT_S + Clock.SAT_PER_ELEMENT_S * elements
+        per_unit = min(Clock.SAT_MAX, Clock.SAT_S + Clock.SAT_PER_ELEMENT_S * elements)
         return deterministic_s * per_unit + Clock.ELEMENT_S * elements
 
 

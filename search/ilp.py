@@ -87,7 +87,7 @@ def solve(
     deterministic: bool = False,
     wall_limit_s: float | None = None,
     element_s: float = 0.0,
-    sat_s: tuple[float, float] = (1.0, 0.0),
+    sat_s: tuple[float, float, float] = (1.0, 0.0, math.inf),
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
@@ -99,8 +99,8 @@ def solve(
     the earlier of it and ``time_limit_s``).
     ``element_s`` (deterministic): what the caller charges for building each variable and
     constraint, taken out of ``time_limit_s`` (as wall time covers the building); ``sat_s``:
-    what it charges per unit of CP-SAT's deterministic time, ``(a, b)``: ``a + b x`` the
-    model's variables and constraints."""
+    what it charges per unit of CP-SAT's deterministic time, ``(a, b, most)``: ``a + b x``
+    the model's variables and constraints, at most ``most``."""
     t0 = time.perf_counter()
     limit = wall_limit_s if deterministic else min(time_limit_s, wall_limit_s or math.inf)
     deadline = None if limit is None else t0 + max(0.05, float(limit))
@@ -252,7 +252,7 @@ def solve(
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
         size = len(model.proto.variables) + len(model.proto.constraints)
-        per_unit = sat_s[0] + sat_s[1] * size
+        per_unit = min(sat_s[2], sat_s[0] + sat_s[1] * size)
         solver.parameters.max_deterministic_time = max(
             0.01, (time_limit_s - element_s * size) / per_unit
         )

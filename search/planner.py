@@ -362,6 +362,9 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
           full_limit, refine_shapes, objective) -> Plan:  # fmt: skip
     t0 = time.perf_counter()
     c = clock()
+    # a part's share may come negative where the budget or the stop has passed: none left
+    # (a negative share made the reserves below negative and moved the wall stop past them)
+    time_limit_s = max(0.0, time_limit_s)
     deadline = min(now() + time_limit_s, c.end)
     hw = hardware(hw) if isinstance(hw, str) else hw
     if graph is None:
@@ -377,6 +380,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         share=share,
         donated=donated,
         stacks_at_start=hw.efficiency.scan_stacks_at_start,
+        barriers=hw.efficiency.remat_barriers,
     )
     charge(Clock.ANALYSE_OP_S * len(graph.ops))
     c.mark("analyse")

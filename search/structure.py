@@ -248,10 +248,12 @@ def analyse(
     donated: Sequence[str] = (),
     merge: bool = True,
     stacks_at_start: bool = False,
+    barriers: bool = True,
 ) -> Structure:
     """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent);
     ``merge=False`` keeps every op a decision of its own (no followers); ``stacks_at_start``
-    as :func:`~autolayout.cost_models.memory.lifetimes` takes it (the hardware's)."""
+    and ``barriers`` as :func:`~autolayout.cost_models.memory.lifetimes` takes them (the
+    hardware's)."""
     free = free_tensors(g)
     fused = fused_ops(g)
     index = op_index(g)
@@ -366,7 +368,7 @@ def analyse(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
         root=root, followers=followers, reads=reads,
         boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
-        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start),
+        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers),
         index=index, share=share, ops=ops,
     )  # fmt: skip
 

@@ -79,6 +79,12 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "zero fill scheduled before the first loop), not at their loop",
             False,
         ),
+        "remat_barriers": (
+            "bool",
+            "a remat region's optimization barrier reaches the scheduler (false: the compiler "
+            "drops it and runs the recomputation as early as its inputs allow)",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -183,6 +189,7 @@ class Efficiency:
     kernel_s: float = 0.0  # per kernel that writes HBM, beyond its roofline (launch, tail)
     scan_stack_passes: float = 0.0  # HBM passes over residuals a scan stacks for a later loop
     scan_stacks_at_start: bool = False  # every scan's stacked outputs allocated at the start
+    remat_barriers: bool = True  # a remat region's barrier reaches the scheduler
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -290,6 +297,10 @@ class Hardware:
         if e.scan_stacks_at_start:
             lines.append(
                 "  memory       every scan's stacked outputs allocated at the step's start"
+            )
+        if not e.remat_barriers:
+            lines.append(
+                "  memory       remat barriers dropped: recomputation runs as early as it can"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -543,7 +554,7 @@ def _build(
         e["matmul"], e["memory"], e["collective"], e["overlap"], e["memory_headroom"],
         e.get("attention"), e.get("attention_call_s", 0.0), e.get("conv3d"),
         e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
-        e.get("scan_stacks_at_start", False),
+        e.get("scan_stacks_at_start", False), e.get("remat_barriers", True),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
