@@ -6,7 +6,7 @@ records the wall time against the limit, the work the search did, and whether th
 stop fired (a plan it cut may differ between runs). The issue's goal: at most 1.2 T + 5 s.
 With ``--busy N``, N busy-loop processes run beside each plan (a loaded CI machine).
 
-python experiments/bench_time_limit.py --limit 30 --out experiments/results
+python experiments/bench_time_limit.py --limit 30 --busy 0,2 --out experiments/results
 (writes bench_time_limit.csv and .png into --out; default a fresh folder under /tmp)
 """
 
@@ -91,7 +91,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=float, default=30.0)
-    ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside each plan")
+    ap.add_argument("--busy", default="0", help="busy-loop processes beside each plan: N or N,M")
     ap.add_argument("--only", help="run the cases whose label contains this")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -99,7 +99,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="plans_"))
     rows = [
-        run_case(*c, a.limit, work, a.busy)
+        run_case(*c, a.limit, work, int(busy))
+        for busy in a.busy.split(",")
         for c in CASES
         if a.only is None or a.only.lower() in c[0].lower()
     ]
