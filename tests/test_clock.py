@@ -77,9 +77,9 @@ def test_the_work_budget_is_half_the_limit_and_the_plan_says_what_it_did():
     p = al.plan(wl, "cpu-8", time_limit_s=4)
     s = p.solver
     assert s["deterministic"] and s["time_limit_s"] == 4
-    # the search stops at its budget; the last charge may run past it by one solve's or
-    # one shape's work, and the exact pricing of the winner is kept inside it
-    assert 0 < s["work_s"] <= clock.WORK_SHARE * 4 * 1.25, s["work_s"]
+    # the search stops at its budget (half the limit); what comes after it (the winner
+    # priced exactly, its bound: every strategy of every node priced) stays inside the limit
+    assert clock.WORK_SHARE * 4 * 0.9 <= s["work_s"] <= 4, s["work_s"]
     assert s["wall_s"] >= s["phases_s"]["trace"]
 
 
@@ -125,7 +125,7 @@ def test_remat_auto_spends_one_budget(monkeypatch):
     assert [t["policy"] for t in tried] == list(remat_candidates(p.graph, "cpu-8"))
     skipped = [t for t in tried if "no budget" in t.get("error", "")]
     assert len(skipped) < len(tried)
-    assert p.solver["work_s"] <= clock.WORK_SHARE * 6 * 1.25, p.solver["work_s"]
+    assert p.solver["work_s"] <= 6, p.solver["work_s"]
     # a longer limit ranks every candidate
     q = al.plan(wl, "cpu-8", time_limit_s=40, memory_limit=limit, remat="auto")
     assert not [t for t in q.solver["remat"]["tried"] if "no budget" in t.get("error", "")]

@@ -212,7 +212,9 @@ def test_sigterm_ends_the_search_the_same_way_with_status_143(runs):
 
 def test_a_second_sigint_ends_the_process_at_once(runs):
     r = runs["SIGINT twice"]
-    assert r["rc"] == 130 and r["answer_s"] < 1, r
+    # at once: os._exit from the watcher thread (0.03-0.08 s idle; a busy machine's scheduler
+    # can hold the thread and the wait for the exit status a second or two)
+    assert r["rc"] == 130 and r["answer_s"] < 2.5, r
     lines = r["stderr"].strip().splitlines()
     assert lines[-1] == "autolayout: SIGINT again: stopped at once", r["stderr"]
     assert "Traceback" not in r["stderr"]
