@@ -422,8 +422,12 @@ def _stoppable(command):
             except SystemExit:  # an INFEASIBLE plan's status 1: the signal's comes first
                 if stop.signal is None:
                     raise
-        if stop.signal is not None:
-            sys.exit(stop.exit_code)
+            if stop.signal is not None:
+                # exit while the handlers are in: a second signal during the interpreter's
+                # shutdown met SIG_DFL and killed the process (status -2, not 130) under load
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(stop.exit_code)
 
     return run_command
 
