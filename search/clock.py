@@ -119,8 +119,12 @@ class Clock:
     def sat_work(deterministic_s: float, elements: int) -> float:
         """What a CP-SAT solve is charged: its deterministic time, scaled by its model's
         size, and the model's building."""
-        per_unit = min(Clock.SAT_MAX, Clock.SAT_S + Clock.SAT_PER_ELEMENT_S * elements)
-        return deterministic_s * per_unit + Clock.ELEMENT_S * elements
+        return deterministic_s * Clock.sat_unit(elements) + Clock.ELEMENT_S * elements
+
+    @staticmethod
+    def sat_unit(elements: int) -> float:
+        """What a unit of CP-SAT's deterministic time is charged, on a model this size."""
+        return min(Clock.SAT_MAX, Clock.SAT_S + Clock.SAT_PER_ELEMENT_S * elements)
 
 
 _CURRENT: list[Clock | None] = [None]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +87,7 @@ def solve(
     deterministic: bool = False,
     wall_limit_s: float | None = None,
     element_s: float = 0.0,
-    sat_s: tuple[float, float, float] = (1.0, 0.0, math.inf),
+    sat_unit: Callable[[int], float] = lambda size: 1.0,
 ) -> Solution:
     """Solves the request over ``candidates`` (per node, the strategies it may take; all
     allowed ones when ``None``); ``objective="memory"`` minimises the largest memory row.
@@ -98,9 +98,9 @@ def solve(
     ``wall_limit_s``: a wall-clock backstop for the solve itself (deterministic; otherwise
     the earlier of it and ``time_limit_s``).
     ``element_s`` (deterministic): what the caller charges for building each variable and
-    constraint, taken out of ``time_limit_s`` (as wall time covers the building); ``sat_s``:
-    what it charges per unit of CP-SAT's deterministic time, ``(a, b, most)``: ``a + b x``
-    the model's variables and constraints, at most ``most``."""
+    constraint, taken out of ``time_limit_s`` (as wall time covers the building); ``sat_unit``:
+    what it charges per unit of CP-SAT's deterministic time, given the model's variables and
+    constraints."""
     t0 = time.perf_counter()
     limit = wall_limit_s if deterministic else min(time_limit_s, wall_limit_s or math.inf)
     deadline = None if limit is None else t0 + max(0.05, float(limit))
@@ -252,9 +252,8 @@ def solve(
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
         size = len(model.proto.variables) + len(model.proto.constraints)
-        per_unit = min(sat_s[2], sat_s[0] + sat_s[1] * size)
         solver.parameters.max_deterministic_time = max(
-            0.01, (time_limit_s - element_s * size) / per_unit
+            0.01, (time_limit_s - element_s * size) / sat_unit(size)
         )
         net = 60.0 * max(1.0, float(time_limit_s))  # a net, or the caller's wall-clock limit
         if deadline is not None:

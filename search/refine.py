@@ -26,7 +26,7 @@ def charged_solve(req: Request, **kw) -> ilp.Solution:
     kw["wall_limit_s"] = max(0.05, c.wall_left()) if math.isfinite(c.wall_end) else None
     if c.deterministic:
         kw["element_s"] = Clock.ELEMENT_S  # charged below: the model's building is in the limit
-        kw["sat_s"] = (Clock.SAT_S, Clock.SAT_PER_ELEMENT_S, Clock.SAT_MAX)
+        kw["sat_unit"] = Clock.sat_unit
     sol = ilp.solve(req, deterministic=c.deterministic, **kw)
     if c.wall_left() <= 0:
         c.walled = True  # the stop, not the work, ended this solve
