@@ -270,7 +270,8 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     solver = plan.solver or {}
     if "wall_s" in solver:
         tried = len(solver.get("mesh_shapes_tried", []))
-        rows.append(("search", f"{solver['wall_s']:.1f} s, {tried} mesh shapes tried"))
+        shapes = "mesh shape" if tried == 1 else "mesh shapes"
+        rows.append(("search", f"{solver['wall_s']:.1f} s, {tried} {shapes} tried"))
     return rows
 
 
@@ -289,6 +290,117 @@ def _gib(x: float) -> str:
 
 def _time_unit(x: float) -> tuple[str, float]:
     return ("s", 1.0) if x >= 1 else ("ms", 1e-3) if x >= 1e-3 else ("us", 1e-6)
+
+
+# --- terminal text ----------------------------------------------------------------------------
+
+
+def report_text(
+    plan: Plan, *, width: int = 80, by: str = "layer", top: int = 10, title: str = ""
+) -> str:
+    """``autolayout report``'s text: the summary, the costliest ops, the time by ``by`` and the
+    collectives, every line at most ``width`` columns (long cells wrap onto more lines, never
+    cut). Times are per step: an op inside a loop (a scanned layer stack) runs ``runs`` times
+    a step and its row is the sum of those runs, as each table's title says."""
+    width = max(width, 40)
+    label = max(len(k) for k, _ in summary_rows(plan)) + 2
+    out = [title] if title else []
+    for k, v in summary_rows(plan):
+        lines = [w for part in str(v).split("\n") for w in _wrap(part, width - label)]
+        out += [(k if i == 0 else "").ljust(label) + line for i, line in enumerate(lines)]
+    df = top_ops(plan, top)
+    looped = int(df.trips.max()) if len(df) else 1
+    unit, f = _time_unit(float(df.time_s.max()) if len(df) else 0.0)
+    rows = [[r.op, r.layer, _num(r.time_s / f), str(r.trips), r.collective or "-",
+             r.strategy or "replicated"] for r in df.itertuples()]  # fmt: skip
+    head = f"costliest {len(rows)} ops: time per step ({unit})"
+    if looped > 1:
+        head += "; an op run N times a step (runs: a loop's trips) is summed over its runs"
+    out += ["", *_wrap(head, width)]
+    out += _table(
+        ["op", "layer", unit, "runs", "collective", "strategy"], rows, width, {0, 1, 4, 5}
+    )
+    grouped = report_frame(plan, by)
+    runs = report_frame(plan).groupby(by, sort=False).trips.max()
+    unit, f = _time_unit(float(grouped.time_s.max()) if len(grouped) else 0.0)
+    rows = [[(str(i) or "(none)") + (f" x{runs[i]}" if runs[i] > 1 else ""), str(int(r.ops)),
+             _num(r.compute_s / f), _num(r.comm_s / f), _num(r.time_s / f), f"{r.share:.1%}"]
+            for i, r in grouped.head(top).iterrows()]  # fmt: skip
+    head = f"time per step by {by} ({unit}; communication before overlap)"
+    if any(runs > 1):
+        head += "; a group run N times a step (xN: a loop's body) is summed over its runs"
+    out += ["", *_wrap(head, width)]
+    out += _table([by, "ops", "compute", "comm", "time", "share"], rows, width, {0})
+    coll = collectives_by_kind(plan)
+    if len(coll):
+        unit, f = _time_unit(float(coll.time_s.max()))
+        rows = [[str(k), str(int(r["count"])), _bytes(r["bytes"]), _num(r["time_s"] / f)]
+                for k, r in coll.iterrows()]  # fmt: skip
+        out += ["", *_wrap(f"collectives per step (all runs; time in {unit})", width)]
+        out += _table(["kind", "count", "bytes per device", unit], rows, width, {0})
+    return "\n".join(out)
+
+
+def _num(x: float) -> str:
+    """Three significant digits, no exponent for the sizes a report shows."""
+    if not math.isfinite(x):
+        return "n/a"
+    if x == 0:
+        return "0"
+    if abs(x) < 1e-4:
+        return "<0.0001"
+    return f"{x:.3g}" if abs(x) < 1e5 else f"{x:.2e}"
+
+
+def _bytes(x: float) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= f:
+            return f"{x / f:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after spaces or commas where it can,
+    else mid-word (a long op name)."""
+    lines: list[str] = []
+    while len(text) > width:
+        cut = max(text.rfind(" ", 0, width + 1), text.rfind(",", 0, width) + 1)
+        if text[cut : cut + 1] == "," and cut > 1:  # a comma does not begin a line
+            cut -= 1
+        cut = cut if cut > 0 else width
+        lines.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return lines + [text] if text or not lines else lines
+
+
+def _table(header: list[str], rows: list[list[str]], width: int, text: set[int]) -> list[str]:
+    """A plain table at most ``width`` wide: the ``text`` columns (names, strategies)
+    left-aligned and, where the row is too wide, wrapped, the widest first; the numbers
+    right-aligned and never cut."""
+    n = len(header)
+    wide = [max([len(header[j])] + [len(r[j]) for r in rows]) for j in range(n)]
+    word = [max([len(header[j])] + [len(w) for r in rows for w in re.split(r"[ ,]", r[j])])
+            for j in range(n)]  # fmt: skip
+    for floor in ([min(w, 24) for w in word], [max(len(h), 8) for h in header]):
+        while sum(wide) + 2 * (n - 1) > width:  # first at commas and spaces, then anywhere
+            j = max(text, key=lambda j: wide[j] - floor[j])
+            if wide[j] <= floor[j]:
+                break
+            wide[j] -= 1
+
+    def line(cells: list[str]) -> list[str]:
+        parts = [_wrap(c, wide[j]) for j, c in enumerate(cells)]
+        out = []
+        for k in range(max(len(p) for p in parts)):
+            cols = []
+            for j, p in enumerate(parts):
+                c = p[k] if k < len(p) else ""
+                cols.append(c.ljust(wide[j]) if j in text else c.rjust(wide[j]))
+            out.append("  ".join(cols).rstrip())
+        return out
+
+    rule = "  ".join("-" * w for w in wide)
+    return line(header) + [rule] + [x for r in rows for x in line(r)]
 
 
 # --- figures ----------------------------------------------------------------------------------
