@@ -1,7 +1,7 @@
 """Benchmark: wall time of ``al.plan`` for GPT-3-175B-shaped steps on tpu-v4-1024.
 
-    python experiments/bench_planner.py 30 5   # time limits 30 s and 5 s; writes experiments/results/bench_planner.{csv,json,png}
-    python experiments/bench_planner.py --plot  # redraws the PNG from the CSV
+    python experiments/bench_planner.py 30 5 --out experiments/results  # limits 30 s and 5 s
+    python experiments/bench_planner.py --plot  # redraws the PNG from the committed CSV
 
 For 1, 2, 8, 24, 48 and 96 unrolled layers, with structurally identical layers sharing one
 decision (``share=True``) and without, it records the whole planning time (trace + request
@@ -24,12 +24,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 from autolayout.core import mesh_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
 HW = "tpu-v4-1024"
 PHASES = ("trace", "analyse", "seed", "refine", "least_memory", "final")
 
@@ -136,7 +137,8 @@ def plot(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
+    OUT = take_out()
     if sys.argv[1:] == ["--plot"]:  # redraw from the committed CSV
-        plot(pd.read_csv(OUT / "bench_planner.csv"))
+        plot(pd.read_csv(RESULTS / "bench_planner.csv"))
     else:
         main(time_limits=tuple(float(x) for x in sys.argv[1:]) or (30.0, 5.0))

@@ -26,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODELS = ROOT / "models"
@@ -93,9 +94,9 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=30.0)
     ap.add_argument("--busy", default="0", help="busy-loop processes beside each plan: N or N,M")
     ap.add_argument("--only", help="run the cases whose label contains this")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="default: a fresh results/runs/<time>/")
     a = ap.parse_args()
-    out = a.out or Path(tempfile.mkdtemp(prefix="bench_time_limit_"))
+    out = a.out or fresh()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="plans_"))
     rows = [

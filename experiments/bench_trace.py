@@ -1,7 +1,7 @@
 """Benchmark: tracing train steps from al.spec arguments and from library models.
 
-    python experiments/bench_trace.py            # writes experiments/results/bench_trace.{csv,json,png}
-    python experiments/bench_trace.py --figure   # redraws the PNG from the CSV
+    python experiments/bench_trace.py --out experiments/results  # bench_trace.{csv,json,png} there
+    python experiments/bench_trace.py --figure   # redraws the PNG from the committed CSV
 
 GPT-3-175B-shaped steps (``model`` gpt3-175b) for 1..96 unrolled layers and the lax.scan
 stack, then one row per model from another library at its published size (issue 34: the
@@ -32,11 +32,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
+COMMAND: list[str] = []  # the arguments it was run with, recorded beside the results
 LIB = ROOT / "models" / "libraries"
 # file: (size, layers as the model counts them); published sizes, as experiments/libraries.py
 LIBRARIES = {"hf_t5": ("t5-3b", 48), "hf_mistral": ("mistral-7b", 32),
@@ -97,7 +99,7 @@ def main(layer_counts=(1, 2, 8, 24, 48, 96)) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df.to_csv(OUT / "bench_trace.csv", index=False)
     meta = {
-        "command": "python experiments/bench_trace.py",
+        "command": " ".join(["python experiments/bench_trace.py", *COMMAND]),
         "machine": f"{sys.platform}, {len(jax.devices())} jax CPU device(s), {os.cpu_count()} cores",
         "load_average_1min_start_end": [*load, os.getloadavg()[0]],
         "jax": jax.__version__,
@@ -136,7 +138,9 @@ def figure(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
+    COMMAND = sys.argv[1:]
+    OUT = take_out()
     if sys.argv[1:] == ["--figure"]:
-        figure(pd.read_csv(OUT / "bench_trace.csv"))
+        figure(pd.read_csv(RESULTS / "bench_trace.csv"))
         sys.exit()
     main()

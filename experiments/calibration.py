@@ -8,9 +8,9 @@ run was (``fsdp=16;tensor=4``: batch and d_model on ``fsdp``, heads / d_ff / voc
 hardware, and evaluated with ``al.evaluate``. MaxText's MFU excludes recomputation, so it is
 compared with the predicted ``mfu``; Narayanan et al.'s TFLOP/s include it, so with ``hfu``.
 
-    python experiments/calibration.py
+    python experiments/calibration.py --out experiments/results
 
-writes ``experiments/results/calibration.{csv,json,png}``.
+writes ``calibration.{csv,json,png}`` to ``--out`` (default a fresh ``results/runs/<time>/``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
+COMMAND: list[str] = []  # the arguments it was run with, recorded beside the results
 TP = ("heads", "d_ff", "vocab")
 
 
@@ -159,7 +161,7 @@ def main() -> None:
         w.writerows(out)
     err = np.abs([r["rel_error"] for r in out])
     summary = {
-        "command": "python experiments/calibration.py",
+        "command": " ".join(["python experiments/calibration.py", *COMMAND]),
         "median_abs_rel_error": float(np.median(err)),
         "worst_abs_rel_error": float(err.max()),
         "rows": out,
@@ -207,4 +209,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    COMMAND = sys.argv[1:]
+    OUT = take_out()
     main()

@@ -19,7 +19,7 @@ cuDNN flash attention, forward+backward). This script
 
     python experiments/calibration_h200.py
 
-writes ``experiments/results/calibration_h200.{csv,json,png}``. The copy of the tables in
+writes ``calibration_h200.{csv,json,png}`` to ``--out`` (default a fresh ``results/runs/<time>/``). The copy of the tables in
 ``experiments/calibration/`` is what the tests read (CI has shared/ too, but a clone may not).
 """
 
@@ -37,6 +37,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 from autolayout.runtime.calibrate import fit_rate_and_call  # noqa: E402
@@ -44,7 +45,8 @@ from autolayout.runtime.calibrate import fit_rate_and_call  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DATA = HERE / "calibration"
-OUT = HERE / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
+COMMAND: list[str] = []  # the arguments it was run with, recorded beside the results
 PEAK_BF16 = 9.89e14  # hw_profiles/h200.toml chip.peak_flops.bf16
 
 
@@ -180,7 +182,7 @@ def main() -> None:
     t_err = [abs(r["time_ratio"] - 1) for r in rows]
     m_err = [abs(r["memory_ratio"] - 1) for r in rows]
     summary = {
-        "command": "python experiments/calibration_h200.py",
+        "command": " ".join(["python experiments/calibration_h200.py", *COMMAND]),
         "attention_fit": att,
         "overhead_fit": overheads,
         "time_median_abs_rel_error": float(np.median(t_err)),
@@ -212,4 +214,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    COMMAND = sys.argv[1:]
+    OUT = take_out()
     sys.exit(main())

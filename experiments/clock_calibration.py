@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import fresh  # noqa: E402
 
 import autolayout as al  # noqa: E402
 
@@ -71,9 +71,9 @@ def measure(model: Path, sets: dict, hw: str, limit: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limits", default="6,20")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="default: a fresh results/runs/<time>/")
     a = ap.parse_args()
-    out = a.out or Path(tempfile.mkdtemp(prefix="clock_calibration_"))
+    out = a.out or fresh()
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for limit in (float(x) for x in a.limits.split(",")):

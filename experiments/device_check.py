@@ -9,7 +9,7 @@
    allocates every loop's stacks at the step's start as XLA:CPU does (``cpu.toml``'s
    ``scan_stacks_at_start``; the GPU profiles say it does not).
 
-On the device tool (``python experiments/device_check.py $OUT``, ~6 minutes); ``--quick``
+On the device tool (``python experiments/device_check.py --out $OUT``, ~6 minutes); ``--quick``
 runs it on this machine's CPU (the mechanism only, seconds). Writes ``OUT/device_check.csv``.
 Not yet run on a GPU (none lent so far): no figures from it are in the README.
 """
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from _out import take_out
 
 import autolayout as al
 
@@ -89,5 +90,6 @@ def main(out: Path, quick: bool) -> None:
 
 
 if __name__ == "__main__":
+    quick = "--quick" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--quick"]
-    main(Path(args[0] if args else "experiments/results/device_check"), "--quick" in sys.argv)
+    main(Path(args[0]) if args and not args[0].startswith("--") else take_out(), quick)

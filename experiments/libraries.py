@@ -2,8 +2,8 @@
 ``tpu-v4-256`` and ``h100-64`` and compared with the hand layouts, in the names the planner
 found (no dim is named by these models).
 
-python experiments/libraries.py 10   (writes experiments/results/libraries.csv and .png;
---figure redraws the PNG from the CSV)
+python experiments/libraries.py 10 --out experiments/results   (libraries.csv and .png there;
+--figure redraws the PNG from the committed CSV)
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 from autolayout.core._report import rule_lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 LIB = ROOT / "models" / "libraries"
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
 MODELS = {"hf_llama": "llama2-7b", "hf_bert": "bert-large", "eqx_vit": "vit-l16",
           "keras_gpt2": "gpt2-xl", "nnx_lm": "base"}  # fmt: skip
 PROFILES = ("tpu-v4-256", "h100-64")
@@ -81,8 +82,9 @@ def figure(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
+    OUT = take_out()
     if sys.argv[1:] == ["--figure"]:  # redraw from the committed CSV
-        figure(pd.read_csv(OUT / "libraries.csv"))
+        figure(pd.read_csv(RESULTS / "libraries.csv"))
         sys.exit()
     df = main(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0)
     print(df[["model", "hardware", "layout", "mesh", "status", "memory_gib", "fits", "mfu", "note"]]

@@ -1,8 +1,8 @@
 """The Mesh-TensorFlow paper's Transformer LM layouts beside the planner's, on TPU v2 and v3.
 
-    python experiments/mesh_tf_paper.py 15      # 15 s per search; writes results/mesh_tf_paper.{csv,png}
-    python experiments/mesh_tf_paper.py --enfr 30  # the En-Fr rows: results/mesh_tf_enfr.csv
-    python experiments/mesh_tf_paper.py --plot  # redraws the PNG from the CSVs
+    python experiments/mesh_tf_paper.py 15 --out experiments/results  # 15 s a search; mesh_tf_paper.{csv,png}
+    python experiments/mesh_tf_paper.py --enfr 30 --out experiments/results  # En-Fr: mesh_tf_enfr.csv
+    python experiments/mesh_tf_paper.py --plot  # redraws the PNG from the committed CSVs
 
 Configs (Shazeer et al. 2018, the language-model experiments): 6 layers, d_model 1024,
 d_kv 256, batch 256, sequence 256, vocabulary 32768, d_ff = 8192 * 2^k and heads = 8 * 2^k
@@ -40,11 +40,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
 # k -> the paper's mesh in cores
 MESHES = {
     -1: {"batch": 32},
@@ -171,6 +172,7 @@ def en_fr(time_limit_s: float = 30.0) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame) -> None:
     enfr = OUT / "mesh_tf_enfr.csv"
+    enfr = enfr if enfr.exists() else RESULTS / "mesh_tf_enfr.csv"
     extra = pd.read_csv(enfr) if enfr.exists() else None
     fig, axes = plt.subplots(
         1, 3 if extra is not None else 2, figsize=(15 if extra is not None else 11, 4),
@@ -223,10 +225,11 @@ def plot(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
+    OUT = take_out()
     if sys.argv[1:] == ["--plot"]:  # redraw from the committed CSVs
-        plot(pd.read_csv(OUT / "mesh_tf_paper.csv"))
+        plot(pd.read_csv(RESULTS / "mesh_tf_paper.csv"))
     elif sys.argv[1:2] == ["--enfr"]:
         en_fr(float(sys.argv[2]) if len(sys.argv) > 2 else 30.0)
-        plot(pd.read_csv(OUT / "mesh_tf_paper.csv"))
+        plot(pd.read_csv(RESULTS / "mesh_tf_paper.csv"))
     else:
         main(float(sys.argv[1]) if len(sys.argv) > 1 else 15.0)

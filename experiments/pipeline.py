@@ -1,8 +1,8 @@
 """Pipeline stages as a planner's choice (issue 24): GPT-3 175B planned with and without stages,
 and a published pipelined run priced in its own layout.
 
-    python experiments/pipeline.py 60          # seconds per plan; writes results/pipeline.csv, .png
-    python experiments/pipeline.py --figure    # redraws the figure from the CSV
+    python experiments/pipeline.py 60 --out experiments/results  # s a plan; pipeline.csv, .png
+    python experiments/pipeline.py --figure    # redraws the figure from the committed CSV
 
 Rows ``planned``: the example GPT at GPT-3 175B (scanned layers, full remat, batch 1536 x 2048)
 on ``h100-512`` (64 nodes of 8, 400 Gb/s per GPU between nodes) and on two TPU v5p slices joined
@@ -28,13 +28,14 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al
 from autolayout.core import find_stack, stage_workload
 from autolayout.cost_models import pipelined_plan, stage_hardware
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
 GPT = HERE / "models" / "gpt.py"
 
 
@@ -134,7 +135,7 @@ def figure(df: pd.DataFrame) -> None:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--figure":
-        figure(pd.read_csv(OUT / "pipeline.csv"))
+        figure(pd.read_csv(RESULTS / "pipeline.csv"))
         return
     limit = float(argv[0]) if argv else 60.0
     rows = [published()]
@@ -148,4 +149,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    OUT = take_out()
     main(sys.argv[1:])

@@ -1,7 +1,7 @@
 """Plan files of the example models, as digests: a refactoring that moves code must leave
 every one byte-identical.
 
-    python experiments/plan_files.py [out.csv]
+    python experiments/plan_files.py --out experiments/results   # plan_files.csv there
 
 Each row is one plan file written by ``Plan.to_json``: every example model (tiny) under every
 standard layout on ``cpu-8`` and ``tpu-v4-256`` (``al.evaluate``), and the planner's own plan
@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from _out import take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 from autolayout.search.baselines import standard_layouts  # noqa: E402
@@ -59,7 +60,7 @@ def rows():
         yield name, "cpu-8", "plan" + mark, digest(p)
 
 
-def main(out: str = str(ROOT / "results" / "plan_files.csv")) -> None:
+def main(out: Path) -> None:
     lines = ["model,hardware,layout,sha256"]
     for r in rows():
         lines.append(",".join(r))
@@ -68,4 +69,4 @@ def main(out: str = str(ROOT / "results" / "plan_files.csv")) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(take_out() / "plan_files.csv")

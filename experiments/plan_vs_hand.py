@@ -1,6 +1,6 @@
 """The planner against the hand layouts, both priced by the same cost model.
 
-    python experiments/plan_vs_hand.py        # writes experiments/results/plan_vs_hand.{csv,png}
+    python experiments/plan_vs_hand.py 20 --out experiments/results  # plan_vs_hand.{csv,png}
 
 For each example model at a realistic width (depth reduced where the layers are unrolled, so
 that the run stays short; GPT is the full 24-layer stack through ``lax.scan``, rematerialised as one trains it) and each of
@@ -21,13 +21,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from _out import RESULTS, take_out  # noqa: E402
 
 import autolayout as al  # noqa: E402
 from autolayout.search.baselines import NAMES  # noqa: E402
 from autolayout.search.planner import compare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
 MODELS = {
     # the transformers as the committed figures were planned: scores materialised (on an
     # accelerator --hw, `auto` now traces the fused kernel)
@@ -107,4 +108,5 @@ def plot(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
+    OUT = take_out()
     main(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0)

@@ -1,9 +1,9 @@
 """The README's remat examples, planned as written: models that do not fit as written, and
 what ``remat="auto"`` (the CLI's default) makes of them.
 
-    python experiments/remat_examples.py
+    python experiments/remat_examples.py --out experiments/results
 
-writes ``experiments/results/remat_examples.json``: per example its command, the least
+writes ``remat_examples.json`` to ``--out``: per example its command, the least
 memory the step as written was found to need (gpt3-xl), and the chosen plan (policy, mesh, memory,
 MFU, recomputed FLOPs, gap to the bound). GPT-3 175B's rows take ~2 min each on a 2-core
 machine (60 s of search, the policies priced, the trace).
@@ -12,12 +12,16 @@ machine (60 s of search, the policies priced, the trace).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+from _out import RESULTS, take_out
 
 import autolayout as al
 
 ROOT = Path(__file__).resolve().parent
-OUT = ROOT / "results"
+OUT = RESULTS  # where main() writes: --out (experiments/_out.py)
+COMMAND: list[str] = []  # the arguments it was run with, recorded beside the results
 GIB = 2**30
 # (hardware, time limit, the gpt.py options, whether to plan the step as written on its own:
 # the README quotes it for gpt3-xl; for GPT-3 175B it is another minute a row)
@@ -63,9 +67,14 @@ def main() -> None:
         rows.append(row(hw, limit, options, as_written))
         print(json.dumps(rows[-1]), flush=True)
     (OUT / "remat_examples.json").write_text(
-        json.dumps({"command": "python experiments/remat_examples.py", "rows": rows}, indent=1)
+        json.dumps(
+            {"command": " ".join(["python experiments/remat_examples.py", *COMMAND]), "rows": rows},
+            indent=1,
+        )
     )
 
 
 if __name__ == "__main__":
+    COMMAND = sys.argv[1:]
+    OUT = take_out()
     main()
