@@ -21,6 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from .core import (
+    DEFAULT_REMAT,
+    DEFAULT_SCHEDULE,
+    DEFAULT_TIME_LIMIT_S,
     AutolayoutError,
     ModelFileError,
     Plan,
@@ -39,12 +42,25 @@ from .core import (
     profile_sources,
     remat_for_plan,
     rule_lines,
+    status_text,
     summary_rows,
     top_ops,
     trace,
 )
 from .cost_models import evaluate, kernel_notes
-from .runtime import calibrate, init_distributed, run, validate, write_profile
+from .runtime import (
+    HEARTBEAT_S,
+    KEEP,
+    SUPERVISED,
+    calibrate,
+    cluster_identity,
+    detect_cluster,
+    init_distributed,
+    run,
+    supervise,
+    validate,
+    write_profile,
+)
 from .search import WORK_SHARE, standard_layout, stoppable
 from .search import compare as search_compare
 from .search import mark as mark_interrupted
@@ -238,8 +254,8 @@ def _mesh(text: str) -> dict[str, int]:
 
 
 def _width() -> int:
-
-    return max(60, shutil.get_terminal_size((100, 24)).columns)
+    """The terminal's columns (``COLUMNS`` where set; 80 where neither says)."""
+    return max(60, shutil.get_terminal_size((80, 24)).columns)
 
 
 def _fit(text: str, width: int) -> str:
@@ -261,7 +277,7 @@ def _summary_lines(plan) -> list[str]:
     mesh = mesh_text(plan.mesh)
     used = axes_in_use(plan)
     unused = [a for a, n in plan.mesh.items() if n > 1 and a not in used]
-    lines = [f"{plan.model} on {plan.hardware}: mesh {mesh} ({plan.status})"]
+    lines = [f"{plan.model} on {plan.hardware}: mesh {mesh}", f"status: {status_text(plan)}"]
     if unused:
         lines.append(f"  (mesh axis {', '.join(unused)} splits nothing: its devices repeat "
                      "the same work, which the cost model finds faster than splitting here)")  # fmt: skip
@@ -278,9 +294,6 @@ def _summary_lines(plan) -> list[str]:
             f"exceptions: {len(exceptions)} inputs are laid out otherwise than the rules say "
             "(partition_specs() has them all; `autolayout report PLAN --exceptions` lists them)"
         )
-    stopped = (plan.solver or {}).get("stopped")
-    if stopped:
-        lines.append(f"note: {stopped}")
     lines += [
         f"step time {s['step_time_s']:.4g} s (compute {s['compute_s']:.4g} s, communication "
         f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
@@ -289,10 +302,21 @@ def _summary_lines(plan) -> list[str]:
         f"{s['memory_limit_bytes'] / gib:.3g} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
 
-    return [
-        x for line in lines
-        for x in (textwrap.wrap(line, w, subsequent_indent="    ") if len(line) > w else [line])
-    ]  # fmt: skip
+    return [x for line in lines for x in _wrapped(line, w)]
+
+
+def _wrapped(line: str, width: int) -> list[str]:
+    """``line`` as lines of at most ``width`` columns, those after the first indented."""
+    if len(line) <= width:
+        return [line]
+    lead = " " * (len(line) - len(line.lstrip()))
+    return textwrap.wrap(line, width, subsequent_indent=lead + "    ", break_on_hyphens=False)
+
+
+def _echo(line: str = "", err: bool = False) -> None:
+    """``click.echo`` at the terminal's width (80 columns in tests)."""
+    for x in _wrapped(line, _width()):
+        click.echo(x, err=err)
 
 
 @main.command("evaluate")
@@ -336,9 +360,15 @@ def _print_plan(plan, out: str | None) -> None:
     for line in _summary_lines(plan):
         click.echo(line)
     top = plan.report().assign(t=lambda r: (r.compute_s + r.comm_s) * r.trips)
-    click.echo("costliest ops:")
+    rows = list(top.nlargest(3, "t").itertuples())
+    looped = max((int(r.trips) for r in rows), default=1)
+    _echo(
+        "costliest ops (seconds a step"
+        + (f"; an op in a layer loop summed over its {looped} trips)" if looped > 1 else ")")
+        + ":"
+    )
     w = _width()
-    for r in top.nlargest(3, "t").itertuples():
+    for r in rows:
         where = f"{r.op} ({r.layer})" if r.layer else r.op
         line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
         click.echo(_fit(line, w))
@@ -390,6 +420,7 @@ class _Progress:
             TimeElapsedColumn(),
             console=Console(stderr=True),
             transient=True,
+            disable=not sys.stderr.isatty(),  # a log or a pipe gets no bar (nor its blank line)
         )
         self.tasks: dict[str, Any] = {}
 
@@ -406,7 +437,9 @@ class _Progress:
         if stage not in self.tasks:
             self.tasks[stage] = self.bar.add_task(label, total=event["of"])
         mesh = "x".join(str(v) for v in event["mesh"].values())
-        self.bar.update(self.tasks[stage], completed=event["done"], description=f"{label} ({mesh})")
+        # the ILP refines near shapes past the best few: the total grows with them
+        self.bar.update(self.tasks[stage], completed=event["done"],
+                        total=max(event["of"], event["done"]), description=f"{label} ({mesh})")  # fmt: skip
 
 
 def _stoppable(command):
@@ -442,7 +475,7 @@ def _plan_options(f):
     f = click.option(
         "--time-limit",
         "time_limit",
-        default=60.0,
+        default=DEFAULT_TIME_LIMIT_S,
         show_default=True,
         help="Seconds for the whole command, loading the model included (the search works "
         "half of it by default; the rest is a margin for a slower or busier machine).",
@@ -463,7 +496,7 @@ def _plan_options(f):
 @click.option("--deterministic/--wall-clock", default=True, show_default=True,
               help="Budget the search in work (the same plan on any machine and load; the "
                    "limit is a safety stop), or in the wall clock's seconds.")  # fmt: skip
-@click.option("--remat", default="auto", show_default=True,
+@click.option("--remat", default=DEFAULT_REMAT, show_default=True,
               help="auto (the step as written where it fits, else the fastest remat policy that "
                    "fits: the candidates ranked on a share of the budget, the best searched "
                    "with the rest), as_written, or a policy: nothing_saveable, dots_saveable, "
@@ -477,7 +510,7 @@ def _plan_options(f):
                    "(the slowest links), the batch cut into microbatches.")  # fmt: skip
 @click.option("--stages", type=int, help="Pipeline stages (implies --pipeline).")
 @click.option("--microbatches", type=int, help="Microbatches a step (with --pipeline).")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe",
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=DEFAULT_SCHEDULE,
               show_default=True,
               help="gpipe (what autolayout run runs) or 1f1b (priced as Megatron-LM runs it).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
@@ -503,14 +536,14 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     mark_interrupted(p)
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])
-        click.echo(
+        _echo(
             f"no layout found fits in {p.predicted['memory_limit_bytes'] / 2**30:.3g} GiB per "
             f"device; the least memory found needs {need / 2**30:.3g} GiB (shown below)",
             err=True,
         )
         copies = p.predicted["memory_by_category"].get("copies", 0)
         if copies > 0.25 * need:
-            click.echo(
+            _echo(
                 f"{copies / 2**30:.2f} GiB of it are resharded copies alive at the peak: XLA's "
                 "partitioner keeps a weight gathered in the forward pass for the backward "
                 "(it caches all-gathers); a layer stack under lax.scan gathers per layer",
@@ -518,13 +551,13 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             )
     _print_plan(p, out)
     if "lower_bound_s" in p.solver:
-        click.echo(
+        _echo(
             f"bound: no layout on this mesh beats {p.solver['lower_bound_s']:.4g} s "
             f"({p.solver.get('bound_kind', 'a lower bound')}): this plan is within "
             f"{p.solver['gap']:.1%} of it"
         )
     for line in _pipeline_lines(p):
-        click.echo(line)
+        _echo(line)
     rm = p.solver.get("remat")
     if rm and (rm["policy"] != "as_written" or rm["tried"]):
         tried_text = "; ".join(
@@ -532,7 +565,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             + ("" if t["fits"] else " (does not fit)")
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
-        click.echo(
+        _echo(
             f"remat: {rm['policy']} "
             + ("(the step as written does not fit)" if rm["tried"] else "(as given)")
             + ", recomputing "
@@ -550,7 +583,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             )
         )
     for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
-        click.echo(f"note: {note}")
+        _echo(f"note: {note}")
     tried = p.solver["mesh_shapes_tried"]
     count = {k: sum(r.get("status") in ks for r in tried) for k, ks in (
         ("solved by the ILP", ("OPTIMAL", "FEASIBLE", "TIMEOUT", "INFEASIBLE")),
@@ -565,9 +598,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         if p.solver.get("deterministic")
         else ""
     )
-    click.echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s{work}")
+    _echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s{work}")
     if p.solver.get("source", "search") != "search":
-        click.echo(f"chosen: {p.solver['source']}")
+        _echo(f"chosen: {p.solver['source']}")
     if p.status == "INFEASIBLE":
         sys.exit(1)
 
@@ -685,7 +718,9 @@ def diff_cmd(plan_a, plan_b, top) -> None:
 @main.command("run")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False))
-@click.option("--steps", default=10, show_default=True, help="Training steps to run.")
+@click.option("--steps", default=10, show_default=True,
+              help="Train until this many steps are done (a resumed run counts the "
+                   "checkpoint's).")  # fmt: skip
 @click.option("--devices", type=int,
               help="Devices per process: on a CPU, this many fake devices (default: the plan's, "
                    "divided by the processes).")  # fmt: skip
@@ -693,24 +728,48 @@ def diff_cmd(plan_a, plan_b, top) -> None:
               help="Keep the plan's rules and shrink its mesh axes to the devices here.")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, help="Seed of the state and the batches.")
 @click.option("--coordinator", envvar="JAX_COORDINATOR_ADDRESS",
-              help="HOST:PORT of process 0, for a multi-process run (jax.distributed).")  # fmt: skip
+              help="HOST:PORT of process 0, for a multi-process run (jax.distributed); on "
+                   "SLURM, Open MPI or a TPU pod the launcher's environment says it.")  # fmt: skip
 @click.option("--num-processes", type=int, envvar="JAX_NUM_PROCESSES", help="Processes in all.")
 @click.option("--process-id", type=int, envvar="JAX_PROCESS_ID", help="This process's index.")
 @click.option("--join-timeout", default=120.0, show_default=True,
               help="Seconds a process waits for the others of a multi-process run.")  # fmt: skip
+@click.option("--heartbeat-timeout", default=float(HEARTBEAT_S), show_default=True,
+              help="Seconds after which a silent process is taken for dead by the others.")  # fmt: skip
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Save the state here (Orbax, sharded, in the background): every "
+                   "--save-every steps, after the last step, and on SIGTERM.")  # fmt: skip
+@click.option("--save-every", type=int, help="Steps between checkpoints.")
+@click.option("--keep", default=KEEP, show_default=True, help="Checkpoints kept.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest checkpoint in --checkpoint-dir (into this plan's "
+                   "layout, whichever plan saved it); from step 0 where there is none.")  # fmt: skip
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False),
+              help="Append each step's loss, time, tokens/s and MFU here (JSON lines).")  # fmt: skip
+@click.option("--tensorboard", type=click.Path(file_okay=False),
+              help="Write TensorBoard event files into this folder.")  # fmt: skip
 @click.option("--force", is_flag=True,
               help="Run a plan that is INFEASIBLE or predicted not to fit in memory here.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write losses and times (JSON).")
 @_set_option
 def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_processes,
-            process_id, join_timeout, force, out, sets) -> None:  # fmt: skip
+            process_id, join_timeout, heartbeat_timeout, checkpoint_dir, save_every, keep, resume,
+            metrics_path, tensorboard, force, out, sets) -> None:  # fmt: skip
     """Train MODEL.py laid out as PLAN for N steps: per-step loss and time, then measured
-    against predicted step time."""
+    against predicted step time; checkpoints, resume, metrics as they happen."""
 
     if out:
         check_writable(out)
+    if metrics_path:
+        check_writable(metrics_path, "--metrics")
     plan = Plan.load(plan_path)
-    procs = num_processes or 1
+    cluster = None if coordinator else detect_cluster()
+    me, count = (process_id, num_processes) if coordinator else cluster_identity()
+    if (coordinator or cluster) and not os.environ.get(SUPERVISED) and "run" in sys.argv[1:]:
+        # the job runs in a child, whose end by JAX's distributed service becomes one line
+        sys.exit(supervise(sys.argv[1:], checkpoint_dir=checkpoint_dir,
+                           heartbeat_s=heartbeat_timeout, identity=(me, count)))  # fmt: skip
+    procs = num_processes or count or 1
     if coordinator:
         if num_processes is None or process_id is None:
             raise click.UsageError("--coordinator needs --num-processes and --process-id")
@@ -719,8 +778,9 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
         jax.config.update("jax_num_cpu_devices", local)
     except RuntimeError:  # jax already started (a notebook, a test): use its devices
         pass
-    if coordinator:
-        init_distributed(coordinator, num_processes, process_id, timeout_s=join_timeout)
+    if coordinator or cluster:
+        init_distributed(coordinator, num_processes, process_id, timeout_s=join_timeout,
+                         heartbeat_s=heartbeat_timeout, cluster=cluster)  # fmt: skip
     wl = _workload_for_plan(model, plan, plan_path, parse_sets(sets))
 
     tag = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
@@ -728,7 +788,7 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     click.echo(
         f"{tag}{plan.model}: mesh {mesh_text(plan.mesh)} "
         f"on {n} devices ({jax.process_count()} process{'es' if jax.process_count() > 1 else ''}, "
-        f"{jax.default_backend()})"
+        f"{jax.default_backend()}{', ' + cluster if cluster else ''})"
     )
     bar = Progress("steps", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)  # fmt: skip
@@ -740,9 +800,18 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
             click.echo(f"{tag}step {i + 1}: loss {loss:.6f}  {dt * 1e3:.1f} ms")
 
         res = run(plan, wl, steps=steps, seed=seed, rescale_mesh=rescale, on_step=on_step,
-                  force=force)  # fmt: skip
+                  force=force, checkpoint_dir=checkpoint_dir, save_every=save_every, keep=keep,
+                  resume=resume, metrics=metrics_path, tensorboard=tensorboard,
+                  heartbeat_s=heartbeat_timeout)  # fmt: skip
     for note in res.notes:
         click.echo(f"{tag}note: {note}")
+    if out:
+        atomic_write(out, json.dumps(res.to_dict(), indent=1))
+    if res.stopped:
+        saved = (f"checkpoint {res.checkpoint}; continue with --resume" if res.checkpoint
+                 else "nothing saved (no --checkpoint-dir)")  # fmt: skip
+        click.echo(f"{tag}stopped by {res.stopped} after step {res.steps_done}: {saved}")
+        sys.exit(0 if res.checkpoint else 143)
     pred = (f"predicted {res.predicted_s * 1e3:.2f} ms on {res.local_hw}"
             if res.predicted_s is not None
             else "not predicted (the note says why)" if res.local_hw
@@ -750,20 +819,24 @@ def run_cmd(model, plan_path, steps, devices, rescale, seed, coordinator, num_pr
     ratio = (
         f" (measured/predicted {res.measured_s / res.predicted_s:.2f})" if res.predicted_s else ""
     )
-    which = f"median of steps 2-{steps}" if steps > 2 else "step 2" if steps == 2 else "step 1"
+    first, mine = res.start_step + 1, steps - res.start_step
+    which = (f"median of steps {first + 1}-{steps}" if mine > 2 else f"step {steps}" if mine
+             else f"step {first}")  # fmt: skip
     click.echo(
         f"{tag}measured {res.measured_s * 1e3:.2f} ms per step ({which}), "
         f"{pred}{ratio}; compile {res.compile_s:.1f} s"
+        + (f"; checkpoint {res.checkpoint}" if res.checkpoint else "")
     )
-    if out:
-        atomic_write(out, json.dumps(res.to_dict(), indent=1))
 
 
 def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
     """The workload the plan was made for: the plan's options; a ``--set`` that says
     otherwise is refused (the plan would run a model it was not made for)."""
 
-    other = {k: v for k, v in sets.items() if k not in plan.options or plan.options[k] != v}
+    def same(was: Any, v: Any) -> bool:  # `--set size=256` arrives as a number, typed str
+        return was == v or (isinstance(was, str) and not isinstance(v, bool) and str(v) == was)
+
+    other = {k: v for k, v in sets.items() if k not in plan.options or not same(plan.options[k], v)}
     other.pop("remat_policy", None)
     if other:
         k, v = next(iter(other.items()))

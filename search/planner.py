@@ -32,6 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autolayout.core import (
+    DEFAULT_REMAT,
+    DEFAULT_SCHEDULE,
+    DEFAULT_TIME_LIMIT_S,
     AutolayoutError,
     Graph,
     Hardware,
@@ -62,6 +65,7 @@ from .request import build
 from .seeds import ShapeResult, _score, seeds
 from .structure import analyse
 
+AS_WRITTEN = "as_written"  # a nested search plans the step it is given, as it is
 REFINE = 3  # shapes refined by the ILP (best seeds first)
 # past those, a shape whose best seed is within this factor of the best answer so far is
 # refined too while time is left: refinement can take a seed past the others' answers (a
@@ -85,7 +89,7 @@ def plan(
     *,
     mesh: Mapping[str, int] | None = None,
     memory_limit: int | None = None,
-    time_limit_s: float = 60.0,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     share: bool = True,
     graph: Graph | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
@@ -94,11 +98,11 @@ def plan(
     refine_shapes: int = REFINE,
     objective: str = "time",
     deterministic: bool = True,
-    remat: str = "as_written",
+    remat: str = DEFAULT_REMAT,
     pipeline: bool = False,
     stages: int | None = None,
     microbatches: int | None = None,
-    schedule: str = "gpipe",
+    schedule: str = DEFAULT_SCHEDULE,
     started_at: float | None = None,
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
@@ -114,8 +118,9 @@ def plan(
     ``plan.solver["stopped"]`` says so. ``deterministic=False``: the search uses the wall
     clock's seconds (an answer that may depend on the machine's load).
 
-    ``remat``: ``"as_written"`` (the step as it is), a policy of :func:`al.remat`
-    (``"dots_saveable"``, ``"nothing_saveable+regather"``, ...), or ``"auto"``: the step as
+    ``remat``: ``"auto"`` (the default, the command line's too), ``"as_written"`` (the step
+    as it is), a policy of :func:`al.remat` (``"dots_saveable"``,
+    ``"nothing_saveable+regather"``, ...). ``"auto"``: the step as
     written where a plan of it fits, else each policy ranked on a share of the budget, and
     the fastest that fits searched with the rest (``plan.solver["remat"]`` says what was
     chosen, the FLOPs recomputed and what was tried).
@@ -146,8 +151,8 @@ def plan(
         return _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule)
     if remat == "auto":
         return _auto_remat(workload, hw, graph, kw)
-    if remat != "as_written":
-        return plan(remat_workload(workload, *parse_remat(remat)), hw, **kw)
+    if remat != AS_WRITTEN:
+        return plan(remat_workload(workload, *parse_remat(remat)), hw, remat=AS_WRITTEN, **kw)
     with gc_paused():
         p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
                   prune, full_limit, refine_shapes, objective)  # fmt: skip
@@ -176,7 +181,7 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, kw) -> Plan:
         p = plan(workload, hw, time_limit_s=budget, **kw)
     p.solver["phases_s"] = dict(c.phases)
     p.solver["wall_s"] = time.perf_counter() - start
-    p.solver["time_limit_s"] = time_limit_s
+    p.solver["time_limit_s"] = float(time_limit_s)
     p.solver["deterministic"] = deterministic and not c.walled
     if deterministic:
         p.solver["work_s"] = c.virtual
@@ -202,7 +207,7 @@ def _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedul
         base = plan(workload, hw, graph=graph, mesh=mesh, remat=remat, **half)
 
     def stage_plan(swl, sub, **k):  # one stage's step, searched in full
-        return plan(swl, sub, mesh=inner_mesh, objective=kw["objective"], **k)
+        return plan(swl, sub, mesh=inner_mesh, objective=kw["objective"], remat=AS_WRITTEN, **k)
 
     pp, tried, why = plan_pipelined(
         workload, hw, graph=graph, time_limit_s=half["time_limit_s"],
@@ -277,11 +282,13 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     # what one plan of this step takes at the least: traced, seeded on a shape, priced
     least = Clock.least_work(len(graph.ops)) if clock().deterministic else 0.0
     first_s = min(budget, max(AUTO_FIRST * budget, least))
-    first = plan(workload, hw, graph=graph, **dict(kw, time_limit_s=first_s))
+    first = plan(workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=first_s))
     if interrupted():  # a Ctrl-C: the answer so far, no candidates after it
         return first
     if first.status != "INFEASIBLE":
-        again = plan(workload, hw, graph=graph, **dict(kw, time_limit_s=end - now()))
+        again = plan(
+            workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now())
+        )
         return _faster(first, again)
     cands = remat_candidates(graph, hw)
     share = AUTO_RANK * max(0.0, end - now())  # nothing where the wall-clock stop has come
@@ -296,7 +303,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     for tag in order[:fit]:
         try:
             wl = remat_workload(workload, *parse_remat(tag))
-            p = plan(wl, hw, **dict(kw, time_limit_s=each))
+            p = plan(wl, hw, remat=AS_WRITTEN, **dict(kw, time_limit_s=each))
         except AutolayoutError as e:  # a step the rewrite or the search refuses
             tried[tag] = {"policy": tag, "error": str(e)}
             continue
@@ -318,8 +325,8 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     # own plan where that search came out slower
     ranked = best[2]
     chosen = _faster(
-        ranked, plan(best[1], hw, graph=ranked.graph, **dict(kw, time_limit_s=end - now()))
-    )
+        ranked, plan(best[1], hw, graph=ranked.graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now()))
+    )  # fmt: skip
     chosen.solver["remat"]["tried"] = in_order
     chosen.solver["remat"]["ranked_s"] = each
     return chosen
@@ -410,8 +417,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
         return win
     p = _to_plan(workload, graph, hw, win, results, status, limit, t0, t_trace, st)
     charge(Clock.final_work(len(graph.ops)))
-    if stopped:
-        p.solver["stopped"] = stopped
+    p.solver["stopped"] = stopped
     return p
 
 
@@ -522,14 +528,24 @@ def _search(graph, hw, st, shapes, mesh, limit, deadline, hand_s, progress, prun
         win.least_memory = win.best.memory_bytes
         status = "INFEASIBLE"
         clock().mark("least_memory")
-    stopped = ""
     if status == "TIMEOUT" and now() < deadline - 0.05:  # TIMEOUT is the time limit alone
         status = "FEASIBLE"
-        stopped = (
-            "the search on the winning shape ended before its proof (its share of the time "
-            "limit, or its rounds), with time left: best found, not proven optimal"
-        )
-    return win, results, status, stopped
+    return win, results, status, why_ended(results, win, status, now() >= deadline - 0.05)
+
+
+def why_ended(results: Sequence[ShapeResult], win: ShapeResult, status: str, spent: bool) -> str:
+    """Why the search ended, in one clause a user reads once (``plan.solver["stopped"]``):
+    proven, its rounds done, or the budget spent; and the mesh shapes that left unreached."""
+    n, skipped = len(results), sum(r.status == "SKIPPED" for r in results)
+    if status == "OPTIMAL":
+        return "proven over every mesh shape" if n > 1 else "proven"
+    if status == "INFEASIBLE":
+        head = "no layout tried fits the memory limit"
+    elif spent:
+        head = "the time limit ended the search"
+    else:
+        head = "the search's rounds ended before the time limit"
+    return head + (f" ({skipped} of {n} mesh shapes not reached)" if skipped else "")
 
 
 def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
@@ -623,6 +639,10 @@ def _least_memory_plan(workload, g, hw, results, limit, deadline, t0, t_trace, s
     plan = _to_plan(workload, g, hw, win, results, "FEASIBLE", limit, t0, t_trace, st,
                     check_hand=False)  # fmt: skip
     plan.solver["objective"] = "memory"
+    plan.solver["stopped"] = (
+        f"least memory: the ILP on the {min(len(order), refine_shapes)} mesh shapes whose hand "
+        "layouts need least memory"
+    )
     if not plan.predicted["fits"]:
         plan.status = "INFEASIBLE"
         plan.solver["status"] = "INFEASIBLE"
@@ -635,7 +655,7 @@ def compare(
     workload: Workload,
     hw: Hardware | str,
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     graph: Graph | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     auto: Plan | None = None,
@@ -651,7 +671,9 @@ def compare(
     if graph is None:
         graph = trace(workload)
     if auto is None:
-        auto = plan(workload, hw, time_limit_s=time_limit_s, graph=graph, progress=progress)
+        # the hand layouts beside it price the step as written
+        auto = plan(workload, hw, time_limit_s=time_limit_s, graph=graph, progress=progress,
+                    remat=AS_WRITTEN)  # fmt: skip
     plans = {"auto": auto}
     layouts, missed = layouts_and_misses(graph, hw.num_devices)
     for name, (mesh, rules) in layouts.items():

@@ -161,11 +161,28 @@ def test_plan_prints_mesh_rules_and_writes_a_plan(tmp_path):
     assert r.exit_code == 0, r.output
     assert "mesh" in r.output and "rules (how the inputs are split):" in r.output
     assert "MFU" in r.output
-    assert "costliest ops:" in r.output and "searched 4 mesh shapes" in r.output
+    assert "costliest ops (" in r.output and "searched 4 mesh shapes" in r.output
     import autolayout as al
 
     p = al.Plan.load(out)
     assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT") and p.devices == 8
+    assert p.solver["stopped"], "why the search ended is always said"
+
+
+def test_the_main_job_reads_as_a_success_in_80_columns(monkeypatch):
+    """The README's main job (issue 38): every line within 80 columns, the first lines the
+    mesh and a status in words (it read ``(TIMEOUT)`` on a plan within 0.8% of its bound),
+    why the search ended, and no line a progress bar left."""
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run("plan", str(MODELS / "gpt.py"), "--hw", "tpu-v4-256", "--set", "size=gpt3-6.7b",
+            "--set", "scan=true", "--set", "remat=full", "--time-limit", "20")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(x) <= 80 for x in lines), [x for x in lines if len(x) > 80]
+    assert lines[0].startswith("gpt-gpt3-6.7b on tpu-v4-256: mesh "), lines[:2]
+    assert lines[1].startswith(("status: found, within", "status: proven")), lines[1]
+    assert "TIMEOUT" not in r.output and "INFEASIBLE" not in r.output
+    assert "costliest ops (seconds a step; an op in a layer loop summed over its 32" in r.output
 
 
 def test_plan_bad_mesh_and_infeasible_memory():

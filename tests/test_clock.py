@@ -34,10 +34,15 @@ def _busy(n: int = 2) -> list[subprocess.Popen]:
     ]
 
 
-def _cli_plan(model, hw: str, out, *sets: str, limit: float = 4, hash_seed: str = "1") -> None:
+def _cli_plan(
+    model, hw: str, out, *sets: str, limit: float = 4, hash_seed: str = "1",
+    remat: str | None = "as_written", extra: tuple[str, ...] = (),
+) -> None:  # fmt: skip
+    """``autolayout plan`` in a process of its own (``remat=None``: the default)."""
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
     args = [sys.executable, "-m", "autolayout._cli", "plan", str(model), "--hw", hw]
-    args += ["--time-limit", str(limit), "--remat", "as_written", "--out", str(out)]
+    args += ["--time-limit", str(limit), "--out", str(out), *extra]
+    args += ["--remat", remat] if remat else []
     for s in sets:
         args += ["--set", s]
     r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

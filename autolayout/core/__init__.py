@@ -7,6 +7,9 @@ from ._atomic import atomic_write as atomic_write
 from ._checks import InputError as InputError
 from ._checks import check_limit as check_limit
 from ._checks import check_writable as check_writable
+from ._defaults import DEFAULT_REMAT as DEFAULT_REMAT
+from ._defaults import DEFAULT_SCHEDULE as DEFAULT_SCHEDULE
+from ._defaults import DEFAULT_TIME_LIMIT_S as DEFAULT_TIME_LIMIT_S
 from ._dim_rules import ATTENTION_BWD as ATTENTION_BWD
 from ._dim_rules import ATTENTION_BWD_FLOPS as ATTENTION_BWD_FLOPS
 from ._dim_rules import ATTENTION_FWD as ATTENTION_FWD
@@ -67,6 +70,7 @@ from ._stages import Stack as Stack
 from ._stages import find_stack as find_stack
 from ._stages import scan_parts as scan_parts
 from ._stages import stage_workload as stage_workload
+from ._status import status_text as status_text
 from ._trace import closed_parts as closed_parts
 from ._trace import gc_paused as gc_paused
 from ._trace import trace as trace
