@@ -6,6 +6,14 @@ from .apply import apply as apply
 from .apply import make_mesh as make_mesh
 from .calibrate import calibrate as calibrate
 from .calibrate import write_profile as write_profile
+from .checkpoint import KEEP as KEEP
+from .checkpoint import Checkpoints as Checkpoints
+from .cluster import SUPERVISED as SUPERVISED
+from .cluster import cluster_identity as cluster_identity
+from .cluster import detect_cluster as detect_cluster
+from .cluster import supervise as supervise
+from .run import HEARTBEAT_S as HEARTBEAT_S
+from .run import PeerError as PeerError
 from .run import init_distributed as init_distributed
 from .run import reference_losses as reference_losses
 from .run import run as run

@@ -140,12 +140,16 @@ def test_run_refuses_bad_input(tmp_path):
     r = CliRunner().invoke(main, ["run", str(MODELS / "mlp.py"), "--plan", str(plan)])
     assert r.exit_code == 2 and "another model" in r.output
     big = tmp_path / "big.json"
-    big.write_text(json.dumps({**d, "mesh": {"axes": {"data": 16}, "devices": 16}}))
+    big.write_text(json.dumps({**d, "hardware": "cpu-16",  # a plan for a larger slice
+                               "mesh": {"axes": {"data": 8, "model": 2}, "devices": 16}}))  # fmt: skip
     r = run_cli(big)
     assert r.exit_code == 2 and "16 devices" in r.output and "--rescale" in r.output
     r = run_cli(big, "--rescale")
     assert r.exit_code == 0, r.output
-    assert "rescaled the mesh data=16 (16 devices) to data=8 (8 devices)" in r.output
+    assert (
+        "rescaled the mesh data=8 x model=2 (16 devices) to data=4 x model=2 (8 devices)"
+        in r.output
+    )
 
 
 def test_a_lone_process_stops_with_a_message(tmp_path):

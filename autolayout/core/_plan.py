@@ -11,7 +11,8 @@ from typing import Any
 import jax
 
 from ._atomic import atomic_write
-from ._errors import PlanError
+from ._errors import HardwareError, PlanError
+from ._hardware import hardware
 from ._layout import Layout, mesh_text, partition_spec
 from ._report import figures, html_page, html_summary, report_frame
 
@@ -243,6 +244,7 @@ class Plan:
                 f"{source}: plan format version {d['version']!r}; this autolayout reads version "
                 f"{PLAN_VERSION} (re-run `autolayout plan` to write a new one)"
             )
+        check_plan_file(d, source)
         try:
             return cls(
                 status=d["status"],
@@ -308,3 +310,149 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, (set, frozenset, tuple)):
         return list(x)
     raise TypeError(f"cannot write {type(x).__name__} to a plan file")
+
+
+# --- the plan file's schema ------------------------------------------------------------------
+_FIX = "re-run `autolayout plan` (or `evaluate`) to write it again"
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _finite_numbers(x: Any, where: str) -> str | None:
+    """The first number under ``x`` (nested dicts and lists) that is not finite, named."""
+    if _number(x):
+        return None if math.isfinite(x) else f"{where} is {x}"
+    if isinstance(x, dict):
+        items = x.items()
+    elif isinstance(x, list):
+        items = ((str(i), v) for i, v in enumerate(x))
+    else:
+        return None
+    for k, v in items:
+        bad = _finite_numbers(v, f"{where}.{k}")
+        if bad:
+            return bad
+    return None
+
+
+def _spec_problem(spec: Any, mesh: dict[str, Any], shape: Any = None) -> str | None:
+    """What is wrong with one layout (a list per tensor axis of mesh axis names), or None."""
+    if not isinstance(spec, list) or not all(isinstance(a, list) for a in spec):
+        return f"layout {spec!r} is not a list of mesh-axis lists"
+    if shape is not None and len(spec) != len(shape):
+        return f"layout {spec!r} has {len(spec)} axes for a tensor of rank {len(shape)}"
+    used = [a for axes in spec for a in axes]
+    for a in used:
+        if a not in mesh:
+            return f"layout {spec!r} names mesh axis {a!r}, which the mesh lacks"
+    dup = sorted({a for a in used if used.count(a) > 1})
+    if dup:
+        return f"layout {spec!r} uses mesh axis {dup[0]!r} twice"
+    if shape is not None:
+        for size, axes in zip(shape, spec, strict=True):
+            parts = math.prod(mesh[a] for a in axes)
+            if parts > 1 and size % parts:
+                return f"layout {spec!r}: size {size} does not split into {parts}"
+    return None
+
+
+def check_plan_file(d: dict[str, Any], source: str = "plan") -> None:
+    """A plan file's contents against its schema, before anything reads them: mesh sizes
+    positive integers whose product is the stated device count and the hardware's, every
+    rule's dim carried by an input and its axes in the mesh, each input's layout one entry
+    per axis of its shape naming mesh axes that divide it, every number finite. Raises
+    :class:`PlanError`, one line naming the file, the field and the fix."""
+
+    def bad(what: str, fix: str = _FIX) -> PlanError:
+        return PlanError(f"{source}: {what}; {fix}")
+
+    for key in ("status", "model", "hardware", "mesh", "rules", "inputs", "predicted",
+                "collectives"):  # fmt: skip
+        if key not in d:
+            raise bad(f"corrupted plan (no {key!r} field)")
+    mesh_d = d["mesh"]
+    if not isinstance(mesh_d, dict) or not isinstance(mesh_d.get("axes"), dict):
+        raise bad("corrupted plan ('mesh' has no 'axes')")
+    mesh = mesh_d["axes"]
+    for name, size in mesh.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise bad(
+                f"mesh axis {name!r} has size {size!r}; mesh axis sizes are positive integers"
+            )
+    devices = math.prod(mesh.values())
+    stated = mesh_d.get("devices", devices)
+    shown = mesh_text(mesh) or "(no axes)"
+    if stated != devices:
+        raise bad(f"the mesh {shown} has {devices} devices and the file says {stated!r}")
+    try:
+        hw = hardware(str(d["hardware"]))
+    except HardwareError:
+        hw = None  # a profile file not here, or a name this version lacks: not checked
+    if hw is not None and hw.num_devices != devices:
+        raise bad(
+            f"the mesh {shown} has {devices} devices and {d['hardware']} has {hw.num_devices}",
+            "plan for that hardware again (`autolayout run --rescale` shrinks a plan's mesh "
+            "to the devices it runs on)",
+        )
+    inputs = d["inputs"]
+    if not isinstance(inputs, list):
+        raise bad("corrupted plan ('inputs' is not a list)")
+    dims: set[str] = set()
+    for i in inputs:
+        if not isinstance(i, dict) or not {"path", "shape", "dims", "spec"} <= set(i):
+            raise bad(f"corrupted plan (an input without path, shape, dims and spec: {i!r:.80})")
+        shape, path = i["shape"], i["path"]
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+        ):
+            raise bad(f"input {path}: shape {shape!r} is not a list of sizes")
+        if not isinstance(i["dims"], list) or len(i["dims"]) != len(shape):
+            raise bad(f"input {path}: dims {i['dims']!r} for a shape of rank {len(shape)}")
+        dims.update(x for x in i["dims"] if isinstance(x, str))
+        problem = _spec_problem(i["spec"], mesh, shape)
+        if problem:
+            raise bad(f"input {path}: {problem}")
+    for op in d.get("ops", []):  # the step's other dims (a rule may split an activation's)
+        if isinstance(op, dict) and isinstance(op.get("dims"), str):
+            dims.update(op["dims"].split(","))
+    rules = d["rules"]
+    if not isinstance(rules, list):
+        raise bad("corrupted plan ('rules' is not a list)")
+    for r in rules:
+        if not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str)
+                and isinstance(r[1], list)):  # fmt: skip
+            raise bad(f"rule {r!r} is not [dim, [mesh axes]]")
+        if inputs and r[0] not in dims:
+            raise bad(f"rule {r[0]} -> {'+'.join(map(str, r[1]))} names dim {r[0]!r}, which {d['model']} "
+                      "lacks")  # fmt: skip
+        for a in r[1]:
+            if a not in mesh:
+                raise bad(f"rule {r[0]} -> {'+'.join(map(str, r[1]))} names mesh axis {a!r}, "
+                          f"which the mesh {shown} lacks")  # fmt: skip
+    for k, out in enumerate(d.get("outputs", [])):
+        problem = _spec_problem(out, mesh)
+        if problem:
+            raise bad(f"output {k}: {problem}")
+    for c in d["collectives"]:
+        if not isinstance(c, dict):
+            raise bad(f"corrupted plan (a collective {c!r:.60})")
+        for a in c.get("axes", []):
+            if a not in mesh:
+                raise bad(f"collective of {c.get('op')} runs over mesh axis {a!r}, which the "
+                          f"mesh {shown} lacks")  # fmt: skip
+        for key in ("bytes_per_device", "time_s"):
+            v = c.get(key, 0)
+            if not _number(v) or v < 0:
+                raise bad(f"collective of {c.get('op')}: {key} {v!r} is not a size >= 0")
+    predicted = d["predicted"]
+    if not isinstance(predicted, dict) or not _number(predicted.get("step_time_s")):
+        raise bad("corrupted plan ('predicted' has no step_time_s)")
+    for key, v in predicted.items():
+        if _number(v) and v < 0 and (key.endswith("_s") or "bytes" in key or "flops" in key):
+            raise bad(f"predicted {key} is {v}, below zero")
+    for key in ("predicted", "collectives", "ops"):
+        problem = _finite_numbers(d.get(key), key)
+        if problem:
+            raise bad(f"{problem}: every number in a plan is finite")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import types
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ._errors import ModelFileError, WorkloadError
 from ._hardware import hardware
+from ._ir import base_name, name_size
 
 
 class Spec(jax.ShapeDtypeStruct):
@@ -59,12 +62,26 @@ def spec(shape: Sequence[int], dims: Sequence[str | None], dtype: Any = jnp.floa
             raise WorkloadError(
                 f"spec{shape}: dim names must be non-empty strings or None, got {d!r}"
             )
-    dup = sorted({d for d in named if named.count(d) > 1})
+    bases = [base_name(d) for d in named]
+    dup = sorted({d for d in bases if bases.count(d) > 1})
     if dup:
         raise WorkloadError(
             f"spec{shape} names dim {dup[0]!r} on two axes {dims}; axes of one array need distinct names"
         )
+    _check_sizes(f"spec{shape}", dims, shape)
     return Spec(shape, dtype, dims)
+
+
+def _check_sizes(what: str, dims: Sequence[str | None], shape: Sequence[int]) -> None:
+    """A name written with its size (``kd(3)``: Mesh-TF's dim of name ``kd`` and size 3, as
+    autolayout shows it where ``kd`` has two sizes) must be on an axis of that size."""
+    for d, n in zip(dims, shape, strict=True):
+        stated = None if d is None else name_size(d)
+        if stated is not None and stated != n:
+            raise WorkloadError(
+                f"{what}: dim {d!r} names size {stated} but its axis has size {n}; name it "
+                f"{base_name(d)!r} (a dim is a name and a size: one name may have several sizes)"
+            )
 
 
 _NAME_PREFIX = "autolayout:"
@@ -90,9 +107,10 @@ def name_dims(x: jax.Array, dims: Sequence[str | None]) -> jax.Array:
             raise WorkloadError(
                 f"name_dims: dim names must be non-empty strings without commas, got {d!r}"
             )
-    named = [d for d in dims if d is not None]
+    named = [base_name(d) for d in dims if d is not None]
     if len(set(named)) != len(named):
         raise WorkloadError(f"name_dims: {dims} names one dim twice")
+    _check_sizes("name_dims", dims, x.shape)
     return checkpoint_name(x, _NAME_PREFIX + ",".join(d or "" for d in dims))
 
 
@@ -290,6 +308,7 @@ def load_workload(path: str | Path, *, target: Any = None, **options: Any) -> Wo
         raise ModelFileError(
             f"{path} defines no workload() function; a model file must define workload(**options) -> al.Workload"
         )
+    options = typed_options(fn, options, str(path))
     saved, _TARGET[0] = _TARGET[0], kind
     reads = _TARGET_READS[0]
     try:
@@ -306,8 +325,126 @@ def load_workload(path: str | Path, *, target: Any = None, **options: Any) -> Wo
         )
     if not wl.options:
         object.__setattr__(wl, "options", dict(options))
+    for name, value in options.items():  # a number the model rounded (int(2.5) layers)
+        used = wl.options.get(name, value)
+        number = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, used))
+        if number and used != value:
+            raise ModelFileError(
+                f"{path}: option {name}={value!r} refused: workload() made it {used!r}; give "
+                f"{name} as {'a whole number' if isinstance(used, int) else 'a number'}"
+            )
     object.__setattr__(wl, "loaded_for", loaded_for)
     return wl
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _option_types(fn: Callable[..., Any]) -> tuple[dict[str, Any], Any, bool]:
+    """``workload()``'s options: {name: the type its values must have (an annotation, else the
+    type of its default; ``None`` where neither says)}, the type of ``**options`` (its
+    annotation, or ``None``), and whether it takes ``**options`` at all."""
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: fall back on the defaults
+        hints = {}
+    kinds, rest, takes_rest = {}, None, False
+    for name, prm in sig.parameters.items():
+        if prm.kind is prm.VAR_KEYWORD:
+            takes_rest, rest = True, hints.get(name)
+        elif prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY):
+            default = prm.default
+            guess = type(default) if isinstance(default, _SCALARS) else None
+            kinds[name] = hints.get(name, guess)
+    return kinds, rest, takes_rest
+
+
+def _typed(value: Any, kind: Any) -> tuple[bool, Any]:
+    """(whether ``value`` is a ``kind``, the value as one): an int is a float, a number
+    given on the command line (``--set size=256``) is the text of a ``str`` option; a
+    ``Literal`` is one of its values; unions and ``X | None`` try each."""
+    if kind is None or kind is Any:
+        return True, value
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        return value in typing.get_args(kind), value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(kind)
+        for exact in (True, False):  # the value's own type first: 2 stays an int in int | str
+            for arg in args:
+                if exact and not (isinstance(arg, type) and type(value) is arg):
+                    continue
+                ok, v = _typed(value, arg)
+                if ok:
+                    return True, v
+        return False, value
+    if kind is type(None):
+        return value is None, value
+    if kind is bool:
+        return isinstance(value, bool), value
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if kind is float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number, float(value) if number else value
+    if kind is str:
+        if isinstance(value, str):
+            return True, value
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number, str(value) if number else value
+    return True, value  # a type of the model's own: the model checks it
+
+
+def _kind_text(kind: Any) -> str:
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    if kind in names:
+        return names[kind]
+    if typing.get_origin(kind) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(kind)))
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        text = " or ".join(_kind_text(a) for a in args)
+        return text + (" or None" if len(args) < len(typing.get_args(kind)) else "")
+    return getattr(kind, "__name__", str(kind))
+
+
+def typed_options(fn: Callable[..., Any], options: dict[str, Any], source: str) -> dict[str, Any]:
+    """``options`` typed by ``fn``'s signature (a model file's ``workload``): each checked
+    against its annotation, else the type of its default, so model files written without
+    annotations are typed too; ``**options`` by their annotation where there is one. Raises
+    :class:`ModelFileError`, one line naming the option, what it must be and the default.
+
+    Example:
+      >>> def workload(layers: int = 2, scan=False): ...
+      >>> typed_options(workload, {"layers": 4, "scan": True}, "m.py")
+      {'layers': 4, 'scan': True}
+    """
+    try:
+        kinds, rest, takes_rest = _option_types(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): as given
+        return dict(options)
+    params = inspect.signature(fn).parameters
+    out = {}
+    for name, value in options.items():
+        if name not in kinds and not takes_rest:
+            out[name] = value  # the call says so: "got an unexpected keyword argument"
+            continue
+        kind = kinds.get(name, rest)
+        ok, typed = _typed(value, kind)
+        if not ok:
+            prm = params.get(name)
+            default = (
+                f" (default {prm.default!r})"
+                if prm is not None and prm.default is not inspect.Parameter.empty
+                else ""
+            )
+            raise ModelFileError(
+                f"{source}: option {name}={value!r} refused: workload() takes {name} as "
+                f"{_kind_text(kind)}{default}"
+            )
+        out[name] = typed
+    return out
 
 
 def target_mismatch(wl: Workload, kind: str) -> str | None:
