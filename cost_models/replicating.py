@@ -35,14 +35,19 @@ third: ``[1, 1, 8] -> [2, 4, 1]``, ``[1, 2, 4] -> [8, 1, 1]``. A tiny reproducer
 :func:`autolayout.cost_models.xla_reshard.xla_reshard` replays ``ReshardNoCache`` (and
 prices the fallback as all-gathers of the whole tensor, then a free slice);
 :func:`replicates` asks it the one question.
+
+An *opaque op* (an equation no dim rule reads: a custom call XLA cannot split, a user's
+own primitive) is run the same way, whole on every device with its operands gathered;
+:func:`opaque_ops` names each with its reason and its share of a priced step, so a plan
+says what it spends there (``plan.solver["opaque"]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autolayout.core import Layout
+from autolayout.core import Graph, Layout
 
 from .xla_reshard import xla_reshard
 
@@ -66,3 +71,37 @@ def replicates(machine: Any, tensor: Any, src: Layout, dst: Layout) -> bool:
     if src == dst or not any(dst) or not any(src):
         return False
     return xla_reshard(tuple(mesh.items()), tuple(shape), src, dst)[1]
+
+
+def opaque_ops(g: Graph, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The graph's opaque ops as a priced step runs them, costliest first: ``op``,
+    ``primitive``, ``layer``, ``reason`` (``op.param("reason")``), ``time_s`` (compute and
+    collectives, every trip of a step) and ``share`` of the step's summed op time. ``rows``:
+    the plan's per-op rows (``plan.ops``: ``op``, ``compute_s``, ``comm_s``, ``trips``).
+
+    Example:
+      >>> import autolayout as al, jax, jax.numpy as jnp
+      >>> def step(a):
+      ...     return jnp.sum(jnp.linalg.cholesky(a @ a.T + jnp.eye(8)))
+      >>> wl = al.Workload(step, (al.spec((8, 8), ("n", "m")),))
+      >>> plan = al.evaluate(wl, "cpu-8", mesh={"data": 8})
+      >>> [(r["primitive"], r["share"] > 0) for r in opaque_ops(plan.graph, plan.ops)]
+      [('cholesky', True)]
+    """
+    opaque = {op.name: op for op in g.ops if op.opaque}
+    rows = list(rows)
+
+    def time_s(r: Mapping[str, Any]) -> float:
+        return (r["compute_s"] + r["comm_s"]) * r.get("trips", 1)
+
+    total = sum(time_s(r) for r in rows)
+    out = []
+    for r in rows:
+        op = opaque.get(r["op"])
+        if op is None:
+            continue
+        t = time_s(r)
+        out.append({"op": op.name, "primitive": op.primitive, "layer": r.get("layer", ""),
+                    "reason": str(op.param("reason", "")), "time_s": t,
+                    "share": t / total if total > 0 else 0.0})  # fmt: skip
+    return sorted(out, key=lambda x: -x["time_s"])

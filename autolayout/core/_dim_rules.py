@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from jax._src.random import prng as _prng  # the registered key implementations (jax is pinned)
+
 from ._workload import parse_name_dims
 
 
@@ -55,7 +57,8 @@ ELEMENTWISE = (
     "floor ge gt igamma igammac imag integer_pow is_finite le lgamma log log1p logistic lt max "
     "min mul ne neg nextafter not or population_count pow real reduce_precision rem round rsqrt "
     "select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square "
-    "stop_gradient sub tan tanh xor clz polygamma zeta bessel_i0e bessel_i1e optimization_barrier"
+    "stop_gradient sub tan tanh xor clz polygamma zeta bessel_i0e bessel_i1e optimization_barrier "
+    "mulhi igamma_grad_a random_gamma_grad regularized_incomplete_beta zeros_like select_if_vmap"
 ).split()
 
 
@@ -149,6 +152,51 @@ def _dot_general(b, eqn, ins, outs):
     return params, 2.0 * _size(b.shape(out)) * contracted
 
 
+@register("ragged_dot_general")
+def _ragged_dot(b, eqn, ins, outs):
+    """A grouped matmul (``lax.ragged_dot``: an MoE's tokens sorted by expert times each
+    expert's weight), in jax's three forms (``RaggedDotMode``): ragged non-contracting
+    ``[m, k] x [g, k, n] -> [m, n]`` (the forward), ragged contracting ``[m, k]^T [m, n] ->
+    [g, k, n]`` (the weight gradient), ragged batch. Axes link as a dot's, the ragged one
+    included: XLA:CPU keeps rows split with the weights whole (no collective; measured on
+    8 devices) and sums a split ``m`` of the weight gradient. The rhs's group axis and the
+    weight gradient's leading group axis are ``group_sizes``'s last axis (one dim, the
+    experts), not the rows' (which rows meet which group only ``group_sizes`` knows)."""
+    lhs, rhs = ins[0], ins[1]
+    rd = eqn.params["ragged_dot_dimension_numbers"]
+    (lc, rc), (lb, rb) = rd.dot_dimension_numbers
+    groups = set(rd.rhs_group_dimensions)
+    ls, rs, out = b.shape(lhs), b.shape(rhs), outs[0]
+    k = 1 if rd.lhs_ragged_dimensions[0] in lc else 0  # the gradient's leading group axis
+    free_l = [i for i in range(len(ls)) if i not in lc and i not in lb]
+    free_r = [i for i in range(len(rs)) if i not in rc and i not in rb and i not in groups]
+    if len(b.shape(out)) != k + len(lb) + len(free_l) + len(free_r):
+        raise ValueError(f"output rank {len(b.shape(out))} is not the form's")
+    size = _size(b.shape(out)[k:])  # each output row meets one group's weight
+    gs = ins[2]
+    if gs is not None and b.shape(gs):
+        g = len(b.shape(gs)) - 1
+        b.link((gs, g), *[(rhs, a) for a in groups], *([(out, 0)] if k else []))
+    for li, ri in zip(lc, rc, strict=True):
+        b.link((lhs, li), (rhs, ri))
+    for li, ri in zip(lb, rb, strict=True):
+        b.link((lhs, li), (rhs, ri), (out, k))
+        k += 1
+    for li in free_l:
+        b.link((lhs, li), (out, k))
+        k += 1
+    for ri in free_r:
+        b.link((rhs, ri), (out, k))
+        k += 1
+    params = {
+        "contracting": tuple(zip(lc, rc, strict=True)),
+        "batch": tuple(zip(lb, rb, strict=True)),
+        "ragged": rd.lhs_ragged_dimensions[0],
+        "precision": precision_name(eqn.params.get("precision")),
+    }
+    return params, 2.0 * size * _size(tuple(ls[i] for i in lc))
+
+
 def precision_name(precision: Any) -> str:
     """A dot's ``precision`` (None, a ``Precision`` per operand, or a ``DotAlgorithmPreset``)
     as plain text: ``default``, ``high``, ``highest`` or the algorithm's name, lower-cased."""
@@ -177,11 +225,20 @@ def _conv(b, eqn, ins, outs):
     ro, ri, *rsp = dn.rhs_spec
     ob, of, *osp = dn.out_spec
     ls, rs, os_ = b.shape(lhs), b.shape(rhs), b.shape(out)
-    if p["batch_group_count"] == 1:
+    fgc, bgc = p["feature_group_count"], p["batch_group_count"]
+    if bgc == 1:
         b.link((lhs, lb), (out, ob))
-    if p["feature_group_count"] == 1 and p["batch_group_count"] == 1:
+    if fgc == 1:  # (a grouped weight gradient still contracts the batch, lhs's "feature")
         b.link((lhs, lf), (rhs, ri))
     b.link((rhs, ro), (out, of))
+    # depthwise (a group per channel, as many out channels as in): the channels split
+    # input, kernel and output alike, without a collective; XLA:CPU gathers every other
+    # grouping (2 or 4 groups of 8 channels split 2 or 4 ways; a channel multiplier's
+    # gradient), so those stay relations (measured on 8 devices)
+    if fgc > 1 and fgc == ls[lf] == os_[of]:
+        b.link((lhs, lf), (rhs, ro), (out, of))
+    if bgc > 1 and bgc == ls[lb] == os_[of]:  # the depthwise weight gradient
+        b.link((lhs, lb), (rhs, ro), (out, of))
     spatial = []
     for i, (la, ra, oa) in enumerate(zip(lsp, rsp, osp, strict=True)):
         if ls[la] == os_[oa]:
@@ -326,6 +383,39 @@ def _concatenate(b, eqn, ins, outs):
     return {"axis": d}, 0.0
 
 
+@register("stack")
+def _stack(b, eqn, ins, outs):
+    """``jnp.stack`` (jax 0.10 binds one ``stack``): each operand's axes are the output's
+    without the new axis, which is a relation (XLA concatenates along it, partitioned along
+    the others like a concatenate)."""
+    d = eqn.params["axis"]
+    for i in ins:
+        if i is not None:
+            for ax in range(len(b.shape(i))):
+                b.link((i, ax), (outs[0], ax + (ax >= d)))
+    return {"axis": d}, 0.0
+
+
+@register("unstack")
+def _unstack(b, eqn, ins, outs):
+    """``jnp.unstack`` / the gradient of ``jnp.stack``: each output is a slice of the operand
+    along ``axis`` (kept whole there: a relation), the other axes pass through."""
+    d = eqn.params["axis"]
+    for o in outs:
+        for ax in range(len(b.shape(o))):
+            b.link((ins[0], ax + (ax >= d)), (o, ax))
+    return {"axis": d}, 0.0
+
+
+@register("tile")
+def _tile(b, eqn, ins, outs):
+    """``jnp.tile``: an axis repeated once is the operand's; a repeated one is a relation."""
+    for ax, r in enumerate(eqn.params["reps"]):
+        if r == 1:
+            b.link((ins[0], ax), (outs[0], ax))
+    return {"reps": tuple(eqn.params["reps"])}, 0.0
+
+
 @register("split")
 def _split(b, eqn, ins, outs):
     axis = eqn.params["axis"]
@@ -412,6 +502,45 @@ def _top_k(b, eqn, ins, outs):
     return {"sort_axis": axis, "k": eqn.params["k"]}, float(_size(shape))
 
 
+@register("approx_top_k")
+def _approx_top_k(b, eqn, ins, outs):
+    """``lax.approx_max_k``: like ``top_k`` along ``reduction_dimension``, the other axes
+    passing through (on CPU and GPU it is a sort and a slice)."""
+    shape = b.shape(ins[0])
+    axis = eqn.params["reduction_dimension"] % len(shape)
+    for o in outs:
+        for ax in range(len(shape)):
+            if ax != axis:
+                b.link((ins[0], ax), (o, ax))
+    return {"sort_axis": axis, "k": eqn.params["k"]}, float(_size(shape))
+
+
+@register("reduce")
+def _reduce_generic(b, eqn, ins, outs):
+    """``lax.reduce`` over a computation JAX knows no monoid of (a variadic argmax): its
+    operands, then as many init values, reduced over ``dimensions``."""
+    axes = set(eqn.params["dimensions"])
+    n = len(outs)
+    for x, o in zip(ins[:n], outs, strict=True):
+        kept = [i for i in range(len(b.shape(x))) if i not in axes]
+        for k, i in enumerate(kept):
+            b.link((x, i), (o, k))
+    return {"reduced_axes": tuple(sorted(axes))}, float(n * _size(b.shape(ins[0])))
+
+
+@register("fft")
+def _fft(b, eqn, ins, outs):
+    """An FFT over the trailing ``len(fft_lengths)`` axes: the leading ones are batch and
+    pass through; the transformed ones are relations (a real FFT changes their size)."""
+    k = len(eqn.params["fft_lengths"])
+    rank = len(b.shape(ins[0]))
+    for ax in range(rank - k):
+        b.link((ins[0], ax), (outs[0], ax))
+    n = _size(b.shape(ins[0]))
+    points = _size(tuple(eqn.params["fft_lengths"]))
+    return {"fft_axes": tuple(range(rank - k, rank))}, 5.0 * n * math.log2(max(points, 2))
+
+
 # --- indexing -------------------------------------------------------------------------------
 
 
@@ -440,7 +569,7 @@ def _gather(b, eqn, ins, outs):
 
 
 @register("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul", "scatter-min",
-          "scatter-max", "scatter_min", "scatter_max")  # fmt: skip
+          "scatter-max", "scatter_min", "scatter_max", "scatter-sub", "scatter_sub")  # fmt: skip
 def _scatter(b, eqn, ins, outs):
     """The gradient of a gather: updates scattered into an operand-shaped output."""
     operand, indices, updates = ins[:3]
@@ -460,6 +589,155 @@ def _scatter(b, eqn, ins, outs):
         b.link((operand, od), (indices, id_))
     params = {"scattered_axes": tuple(dn.scatter_dims_to_operand_dims)}
     return params, float(_size(b.shape(updates)))
+
+
+# --- windows: pooling and its gradients ----------------------------------------------------
+
+
+def _untouched(p: dict, ax: int) -> bool:
+    """Whether a windowed op leaves axis ``ax`` alone: a window of 1, stride 1, no padding
+    or dilation (a pooling's batch and channels)."""
+    pad = p.get("padding")
+    return (
+        p["window_dimensions"][ax] == 1
+        and p["window_strides"][ax] == 1
+        and (pad is None or tuple(pad[ax]) == (0, 0))
+        and p.get("base_dilation", (1,) * (ax + 1))[ax] == 1
+        and p.get("window_dilation", (1,) * (ax + 1))[ax] == 1
+    )
+
+
+def _window_params(p: dict) -> dict[str, Any]:
+    return {
+        "window": tuple(p["window_dimensions"]),
+        "strides": tuple(p["window_strides"]),
+        "padding": tuple(tuple(x) for x in p["padding"]),
+    }
+
+
+@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+def _reduce_window(b, eqn, ins, outs):
+    """Pooling (``max_pool``, ``avg_pool``, Keras ``MaxPooling2D``, and ``cumsum``'s
+    lowering on some backends): the axes the window leaves alone (batch, channels) pass
+    through, as XLA's SPMD partitioner keeps them split; a windowed axis is a relation
+    between input and output, like a slice's (XLA exchanges halos there; here the input's
+    windowed axis stays whole). The generic ``reduce_window`` reads operands, then as many
+    init values."""
+    p = eqn.params
+    n = len(outs)
+    for x, o in zip(ins[:n], outs, strict=True):
+        if x is not None:
+            for ax in range(len(b.shape(o))):
+                if _untouched(p, ax):
+                    b.link((x, ax), (o, ax))
+    taps = _size(tuple(p["window_dimensions"]))  # taps - 1 combines an output, as XLA counts
+    return _window_params(p), float(n * _size(b.shape(outs[0])) * max(taps - 1, 1))
+
+
+@register("select_and_scatter_add", "select_and_scatter")
+def _select_and_scatter(b, eqn, ins, outs):
+    """Max-pooling's gradient: ``source`` (the pooled cotangent) scattered into an
+    operand-shaped output where each window's maximum was. Untouched axes are one axis of
+    source, operand and output; windowed axes are relations (a window reaches its
+    neighbours' positions)."""
+    p = eqn.params
+    source, operand = ins[0], ins[1]
+    for ax in range(len(b.shape(operand))):
+        if _untouched(p, ax):
+            b.link((outs[0], ax), (operand, ax), (source, ax))
+    # XLA expands it into a reduce-window that tracks each window's argmax and a scatter:
+    # 11 x taps - 10 per source element as XLA:CPU counts (2 to 16 taps, measured exactly)
+    taps = _size(tuple(p["window_dimensions"]))
+    return _window_params(p), float(_size(b.shape(source)) * (11 * taps - 10))
+
+
+@register("select_and_gather_add")
+def _select_and_gather(b, eqn, ins, outs):
+    """Max-pooling's forward-mode derivative: each window's tangent at its maximum."""
+    p = eqn.params
+    tangents, operand = ins
+    for ax in range(len(b.shape(operand))):
+        b.link((tangents, ax), (operand, ax))
+        if _untouched(p, ax):
+            b.link((operand, ax), (outs[0], ax))
+    taps = _size(tuple(p["window_dimensions"]))
+    return _window_params(p), float(_size(b.shape(outs[0])) * taps)
+
+
+# --- random numbers ---------------------------------------------------------------------------
+
+
+THREEFRY_FLOPS = 51  # per 32-bit word drawn: XLA:CPU's count, 1,671,277 for 32,768 words
+
+
+def _link_leading(b, a: int | None, c: int | None) -> None:
+    """Links the leading axes two tensors share (a key array's axes and the bits drawn from
+    it, which add trailing axes)."""
+    if a is None or c is None:
+        return
+    for ax in range(min(len(b.shape(a)), len(b.shape(c)))):
+        b.link((a, ax), (c, ax))
+
+
+def storage_dtype(name: str) -> str:
+    """A dtype name numpy reads, of the same bytes: a typed PRNG key (``key<fry>``: two
+    uint32 words) as a void type of its key data's size (``V8``); others unchanged."""
+    if not name.startswith("key<"):
+        return name
+    words = {f"key<{impl.tag}>": math.prod(impl.key_shape) for impl in _prng.prngs.values()}
+    return f"V{4 * words.get(name, 2)}"
+
+
+@register("random_seed", "random_fold_in", "random_clone", "random_gamma",
+          "threefry2x32", "threefry4x32", "philox2x32", "philox4x32")  # fmt: skip
+def _random_elementwise(b, eqn, ins, outs):
+    """Keys made, folded or consumed one per element. With JAX's partitionable threefry
+    (its default) XLA computes each device's block of random bits from its own counters."""
+    _, flops = _elementwise(b, eqn, ins, outs)
+    return {}, flops
+
+
+@register("random_wrap", "random_unwrap", "random_bits", "random_split", "bitcast_convert_type",
+          "to_edtype", "from_edtype")  # fmt: skip
+def _random_leading(b, eqn, ins, outs):
+    """A key array and what it becomes: ``random_wrap`` drops the key data's trailing axis,
+    ``random_unwrap`` adds it, ``random_bits`` / ``random_split`` add the drawn shape after
+    the keys' axes; ``bitcast_convert_type`` to a wider or narrower type adds or drops a
+    trailing axis. The keys' axes are the result's leading axes; what is added is new."""
+    for o in outs:
+        _link_leading(b, ins[0], o)
+    if eqn.primitive.name == "random_bits" and b.dtypes[ins[0]] == "key<fry>":
+        words = _size(b.shape(outs[0])) * max(1, eqn.params["bit_width"] // 32)
+        return {}, float(THREEFRY_FLOPS * words)
+    return {}, 0.0
+
+
+@register("iota_2x32_shape", "rng_bit_generator", "rng_uniform", "empty", "empty2",
+          "platform_index", "create_token", "after_all", "dce_sink", "unvmap_any", "unvmap_all",
+          "unvmap_max")  # fmt: skip
+def _made_here(b, eqn, ins, outs):
+    """Values made from no tensor axis (counters, uninitialised buffers, an RNG state's
+    bits, the platform's index, tokens, Equinox's ``unvmap_any`` flags), or none made
+    (``dce_sink``): their axes are their own, split as their readers want (XLA makes each
+    device's block)."""
+    return {}, 0.0
+
+
+# --- identities -------------------------------------------------------------------------------
+
+
+@register("sharding_constraint", "reshard", "layout_constraint", "pvary", "tie",
+          "nondifferentiable_backward", "nontraceable", "nonbatchable", "announce_jaxpr")  # fmt: skip
+def _identity(b, eqn, ins, outs):
+    """A user's sharding or layout request, or a marker (Equinox's ``nontraceable`` and
+    kin): each output is its operand (the plan chooses the layout; ``tie`` returns its
+    second operand)."""
+    src = ins[-len(outs) :] if len(ins) >= len(outs) else ins
+    for i, o in zip(src, outs, strict=False):
+        if i is not None:
+            for ax in range(len(b.shape(o))):
+                b.link((o, ax), (i, ax))
+    return {}, 0.0
 
 
 # --- fused attention kernels ------------------------------------------------------------------
@@ -551,3 +829,75 @@ def _pallas_call(b, eqn, ins, outs):
         "transcendentals": float(ce.transcendentals),
     }
     return params, float(ce.flops)
+
+
+# --- primitives kept whole on purpose -----------------------------------------------------------
+
+
+class Opaque(Exception):  # noqa: N818 (an outcome, not a failure: the op is kept whole)
+    """Raised by a policy rule: the equation is an opaque op on purpose; the message says
+    why (``op.param("reason")``)."""
+
+
+_POLICIES = {
+    "a custom call XLA's SPMD partitioner cannot split: it gathers the operands and runs the "
+    "call whole on every device (LAPACK/cuSOLVER on CPU/GPU, a user's FFI or callback, a "
+    "cuDNN kernel without a partitioning rule)": (
+        "cholesky cholesky_update eig eigh geqp3 geqrf hessenberg householder_product lu "
+        "lu_pivots_to_permutation ormqr qr schur svd symmetric_product triangular_solve "
+        "tridiagonal tridiagonal_solve ffi_call cudnn_fusion custom_partitioning pure_callback "
+        "io_callback debug_callback debug_print inspect_sharding call_exported scaled_dot "
+        "scaled_matmul scaled_matmul_wrapper dot_product_attention_fp8_fwd "
+        "dot_product_attention_fp8_fwd_wrapper dot_product_attention_fp8_bwd "
+        "dot_product_attention_fp8_bwd_wrapper custom_linear_solve linear_call noinline vprim "
+        "tpu_custom_call"
+    ),
+    "an op of jax.experimental.sparse's formats (BCOO, BCSR, COO, CSR): no dim rule reads "
+    "a sparse layout's indices yet, so it runs whole": (
+        "bcoo_dot_general bcoo_dot_general_sampled bcoo_extract bcoo_fromdense "
+        "bcoo_sort_indices bcoo_spdot_general bcoo_sum_duplicates bcoo_todense bcoo_transpose "
+        "bcsr_dot_general bcsr_extract bcsr_fromdense bcsr_todense coo_fromdense coo_matmat "
+        "coo_matvec coo_spmm coo_spmv coo_todense csr_fromdense csr_matmat csr_matvec csr_spmm "
+        "csr_spmv csr_todense todense spsolve"
+    ),
+    "a conversion between a process's local arrays and global ones (multihost_utils): it "
+    "runs outside a step": "global_array_to_host_local_array host_local_array_to_global_array",
+    "a collective of a shard_map body: the user partitioned that code by hand, and the "
+    "shard_map is kept whole (its inputs gathered to what it reads)": (
+        "shard_map all_gather all_gather_done all_gather_invariant all_gather_reduced "
+        "all_gather_reduced_start all_gather_start all_to_all all_to_all_done all_to_all_start "
+        "axis_index pbroadcast pbroadcast_done pbroadcast_start pmax pmin ppermute "
+        "ppermute_done ppermute_start precv psend preduced psum psum_done psum_invariant "
+        "psum_invariant_start psum_start ragged_all_to_all reduce_scatter reduce_scatter_done "
+        "reduce_scatter_start unreduced_psum unreduced_psum_start unreduced_reduce_scatter "
+        "unreduced_reduce_scatter_start vary_unreduced_cast_p reduced_vary_cast_p mpmd_map"
+    ),
+    "a Pallas kernel's or a stateful body's own operation (refs, semaphores, program ids): "
+    "it runs inside a pallas_call or run_state, which is priced whole": (
+        "addupdate get swap broadcast_to masked_load masked_swap multiple_of num_programs "
+        "program_id reciprocal run_scoped semaphore_read semaphore_signal semaphore_wait delay "
+        "get_global jaxpr_call with_memory_space_constraint pin unpin create_linear "
+        "accum_grad_in_ref empty_ref free_ref new_ref freeze run_state core_map maybe_set "
+        "new_variable get_variable set_variable add_dependency bitcast dma_start dma_wait "
+        "einshape_lo emit_pipeline get_barrier_semaphore matmul_acc_lhs matmul_pop "
+        "matmul_push_rhs pack_elementwise pipeline_body prng_join prng_random_bits prng_seed "
+        "prng_split remove_memory_space roll stochastic_round trace_value unpack_elementwise"
+    ),
+    "a transformation's internal: JAX removes it before make_jaxpr returns a step (autodiff's "
+    "linearization, checkify's checks, hijax boxes, symbolic shapes of jax.export)": (
+        "custom_lin custom_jvp_call_jaxpr remat_opt unreachable stage check box_get box_set "
+        "new_box new_log log_extend log_read call_hi_primitive call_hi_primitive_linearized "
+        "eval_jaxpr dim_as_value dimension_size shape_assertion eq_to le_to lt_to"
+    ),
+}
+POLICY: dict[str, str] = {n: why for why, names in _POLICIES.items() for n in names.split()}
+"""Primitives with no dim rule, and why: each is an opaque op that runs whole on every
+device, as XLA's SPMD partitioner runs it."""
+
+
+def _policy(b, eqn, ins, outs):
+    raise Opaque(POLICY[eqn.primitive.name])
+
+
+for _name in POLICY:
+    DIM_RULES.setdefault(_name, _policy)

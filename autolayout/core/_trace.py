@@ -33,7 +33,7 @@ from jax._src.cudnn import fused_attention_stablehlo as _cudnn_attention  # (jax
 from jax.extend.core import Literal
 
 from ._builder import _Builder
-from ._dim_rules import DIM_RULES
+from ._dim_rules import DIM_RULES, Opaque, storage_dtype
 from ._errors import TraceError, WorkloadError
 from ._ir import Graph, Loop, Tensor
 from ._naming import _eliminate_dead, _name_dims
@@ -105,6 +105,8 @@ def _user_names(eqn: Any) -> str:
 
 
 def _reason(prim: str, e: Exception) -> str:
+    if isinstance(e, Opaque):  # a policy: kept whole on purpose
+        return str(e)
     if isinstance(e, KeyError) and e.args == (prim,):
         return f"no dim rule for primitive {prim!r}"
     return f"dim rule for {prim!r} failed: {type(e).__name__}: {e}"
@@ -406,6 +408,9 @@ CALL_RULES = {
     "custom_jvp_call": _inline("call_jaxpr"),
     "custom_vjp_call": _inline("call_jaxpr"),
     "custom_vjp_call_jaxpr": _inline("fun_jaxpr"),
+    "call": _inline("call_jaxpr"),
+    "composite": _inline("jaxpr"),  # lax.composite: XLA partitions its decomposition
+    "custom_vmap_call": _inline("call"),
     "scan": _scan,
     "while": _while,
     "cond": _cond,
@@ -548,7 +553,7 @@ def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dic
         tensors[f"t{t}"] = Tensor(
             name=f"t{t}",
             shape=shape,
-            dtype=b.dtypes[t],
+            dtype=storage_dtype(b.dtypes[t]),  # a PRNG key as the bytes of its data
             dims=tuple(axis_dims[o : o + len(shape)]),
             role=b.roles[t],
             path=b.paths[t],
