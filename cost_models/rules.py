@@ -90,6 +90,34 @@ def _find_carried(g: Graph) -> dict[str, Tensor]:
     return carried
 
 
+def _each_size(g: Graph, rules, mesh: Mapping[str, int]):
+    """The rules over the graph's dims: a rule for a name the user gave axes of several sizes
+    (Mesh-TF: ``kd`` of 3 and of 2 are two dims, ``kd(3)`` and ``kd(2)``) is a rule for each
+    size not named in a rule of its own, at the rule's priority. Refused in one line where
+    its mesh axes do not divide every such size (name the size to split only some)."""
+    named = {d for d, _ in rules}
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    for k, (dim, axes) in enumerate(rules):
+        sized = () if dim in g.dims else g.named(dim)
+        if not sized:
+            out.append((k, dim, axes))
+            continue
+        sized = [d for d in sized if d not in named]
+        n = math.prod(mesh.get(a, 1) for a in axes)
+        bad = [d for d in sized if g.dims[d] % n]
+        if bad:
+            good = [d for d in sized if d not in bad]
+            hint = f"; a rule for {good[0]!r} splits that size alone" if good else ""
+            raise RuleError(
+                f"rule {dim!r} -> {'x'.join(axes)}: {dim!r} has sizes "
+                f"{', '.join(str(g.dims[d]) for d in sized)} ({', '.join(sized)}), and "
+                f"{'x'.join(axes)} = {n} does not divide {', '.join(str(g.dims[d]) for d in bad)}"
+                f"{hint}"
+            )
+        out.extend((k, d, axes) for d in sized)
+    return out
+
+
 class RuleSet:
     """Resolved rules: each dim's mesh axes and priority, checked against a graph and mesh."""
 
@@ -99,7 +127,7 @@ class RuleSet:
         carried = _carried(g)
         self.axes: dict[str, tuple[str, ...]] = {}
         self.priority: dict[str, int] = {}
-        for k, (dim, axes) in enumerate(self.rules):
+        for k, dim, axes in _each_size(g, self.rules, self.mesh):
             if dim not in carried:
                 where = (
                     "no input carries it and it is an inferred name (al.name_dims names one)"

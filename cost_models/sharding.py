@@ -195,6 +195,7 @@ def from_partial(
     dst: Layout,
     form: str = "",
     parts: list[tuple[str, ...]] | None = None,
+    first: tuple[str, ...] = (),
 ) -> list[Comm]:
     """Completes a partial result (summed over ``partial`` mesh axes) into layout ``dst``.
 
@@ -213,6 +214,8 @@ def from_partial(
     the axes). Any other op (a reduce, a scatter-add) all-reduces the whole buffer once per
     reduced tensor axis (``parts``: the partial axes of each; a sum over a batch split on
     ``a, b`` and a sequence split on ``c`` is two all-reduces of the whole), then slices.
+    ``first``: partial axes summed by themselves before the rest, whole (a weight gradient's
+    spatial split, :func:`_window_axes`).
     """
     cur = [tuple(x) for x in produced]
     if not partial:
@@ -223,6 +226,11 @@ def from_partial(
     def all_reduce(axes) -> Comm:
         result = m.wire_bytes(t, local_bytes(t, tuple(cur), m.mesh))
         return m.comm("all-reduce", tuple(axes), result, t.name, "partial", combinable)
+
+    first = tuple(a for a in first if a in partial)
+    if first and len(first) < len(partial):
+        out.append(all_reduce(first))
+        partial = tuple(a for a in partial if a not in first)
 
     used = {a for axes in cur for a in axes}
     if m.reduce_scatter:
@@ -460,6 +468,25 @@ def halo(
         sum(b * bn - left <= e < (b + 1) * bn + right for e in need) for b, need in enumerate(reads)
     )
     return Halo(left, right, local, pairs)
+
+
+def _window_axes(op: Op, groups: list[Group], assign: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The mesh axes a weight gradient's spatial split (``"kernel"``) sums over. XLA's conv
+    handler all-reduces them by themselves, whole, before the batch's (measured on XLA:CPU:
+    the U-Net's weight gradients under batch -> data, depth -> space are an all-reduce over
+    space then one over data, each of the whole kernel: 2x the bytes of one over both)."""
+    if op.primitive != "conv_general_dilated":
+        return ()
+    lhs = op.inputs[0]
+    kernel = {(lhs, s["lhs"]) for s, form in conv_spatial(op) if form == "kernel"}
+    if not kernel:
+        return ()
+    return tuple(
+        a
+        for grp, axes in zip(groups, assign, strict=True)
+        if axes and not kernel.isdisjoint(grp.members)
+        for a in axes
+    )
 
 
 def conv_split(
@@ -882,8 +909,10 @@ def op_cost(
     parts = None
     if partial and not form:  # the partial axes of each reduced tensor axis
         parts = [a for grp, a in zip(groups, assign, strict=True) if a and grp.kind in _PARTIAL]
+    first = _window_axes(op, groups, assign) if partial else ()
     for t in op.outputs:
-        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], form, parts)
+        comms += from_partial(m, g.tensors[t], produced[t], partial, layouts[t], form, parts,
+                              first)  # fmt: skip
     split = math.prod(split_factor(a, m.mesh) for a in assign)
     flops = op.flops / split * halo_flops
     moved = op.param("to") if op.primitive == "device_put" else None

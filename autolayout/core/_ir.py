@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +29,52 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Dim:
-    """A named dimension: a class of tensor axes that are split together or not at all."""
+    """A named dimension: a class of tensor axes that are split together or not at all.
 
-    name: str
+    As in Mesh-TF a user's dim is a name and a size: one name given to axes of two sizes
+    (every kernel's depth ``kd``, 3 and 2) is two dims, named ``kd(3)`` and ``kd(2)``
+    (:func:`sized_name`); ``base`` is ``kd`` for both, and a rule for ``kd`` lays out both.
+    """
+
+    name: str  # unique in a graph
     size: int
     family: str  # the dims that unify through some op, ignoring the one-tensor rule
     user: bool = False  # named by the user with ``al.spec``
+
+    @property
+    def base(self) -> str:
+        """The name without its size: ``kd`` for ``kd(3)``, the name itself for most dims."""
+        return base_name(self.name)
+
+
+_SIZED = re.compile(r"\((\d+)\)(?=\*|$)")  # "kd(3)", and each part of "depth(8)*height(8)"
+
+
+def sized_name(name: str, size: int) -> str:
+    """The name of the dim ``name`` of size ``size`` where ``name`` has several sizes:
+    ``kd(3)``. A name of one size is the dim's name."""
+    return f"{name}({size})"
+
+
+def base_name(name: str) -> str:
+    """``kd(3)`` -> ``kd``; ``depth(8)*height(8)`` -> ``depth*height``; others unchanged."""
+    return _SIZED.sub("", name) if "(" in name else name
+
+
+def name_size(name: str) -> int | None:
+    """The size a dim name states (``kd(3)`` -> 3), else None."""
+    m = _SIZED.search(name) if "(" in name else None
+    return int(m.group(1)) if m and m.end() == len(name) else None
+
+
+def shown_names(names: Iterable[str | None]) -> dict[str, str]:
+    """How a table that holds the dims ``names`` shows each: ``kd(3)`` as ``kd`` where no
+    other size of ``kd`` is among them, ``kd(3)`` and ``kd(2)`` where both are."""
+    names = {n for n in names if n}
+    bases: dict[str, set[str]] = {}
+    for n in names:
+        bases.setdefault(base_name(n), set()).add(n)
+    return {n: n if len(bases[base_name(n)]) > 1 else base_name(n) for n in names}
 
 
 LOOP_OPS = frozenset({"scan", "while", "cond"})  # ops whose bodies are ops of the graph
@@ -140,6 +181,14 @@ class Graph:
             v = self._derived[key] = make()
             return v
 
+    def named(self, name: str) -> tuple[str, ...]:
+        """The dims a layout rule for ``name`` lays out: the dim ``name``, or where the user
+        gave ``name`` to axes of several sizes, each of them (``kd`` -> ``kd(3)``,
+        ``kd(2)``), largest first. Empty for a name the graph does not have."""
+        if name in self.dim_info:
+            return (name,)
+        return self.derived("sizes of names", lambda: _sizes_of_names(self)).get(name, ())
+
     @property
     def opaque(self) -> list[Op]:
         """Ops the tracer has no dim rule for; they are kept replicated."""
@@ -171,6 +220,14 @@ class Graph:
     def total_flops(self) -> float:
         """FLOPs of one step, loops multiplied out."""
         return sum(op.flops * op.trip_count for op in self.ops)
+
+
+def _sizes_of_names(g: Graph) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[Dim]] = {}
+    for d in g.dim_info.values():
+        if d.base != d.name and "*" not in d.name:
+            out.setdefault(d.base, []).append(d)
+    return {k: tuple(d.name for d in sorted(v, key=lambda d: -d.size)) for k, v in out.items()}
 
 
 def per_graph(fn: Callable[..., Any]) -> Callable[..., Any]:

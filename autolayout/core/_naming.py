@@ -8,8 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ._builder import _Builder
-from ._errors import WorkloadError
-from ._ir import LOOP_OPS, Dim, Loop
+from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
 from ._roles import copy_groups, path_name, program, role_names
 
 # --- dead code -------------------------------------------------------------------------------
@@ -97,6 +96,23 @@ def _families(b: _Builder) -> _UnionFind:
     return uf
 
 
+def user_labels(b: _Builder, live: set[int]) -> dict[tuple[str, int], str]:
+    """Each (user name, size) of the live tensors' axes, labelled: the name where the name
+    has one size, ``name(size)`` where it has several (Mesh-TF's ``mtf.Dimension``: a name
+    and a size). A name written with its size (``kd(3)``) is that name of that size."""
+    sizes: dict[str, set[int]] = {}
+    for t, dims in b.user.items():
+        if t in live:
+            for name, n in zip(dims, b.shapes[t], strict=True):
+                if name is not None and n > 1:
+                    sizes.setdefault(base_name(name), set()).add(n)
+    return {
+        (name, n): name if len(ns) == 1 else sized_name(name, n)
+        for name, ns in sizes.items()
+        for n in ns
+    }
+
+
 def _dims(
     b: _Builder,
     owner: list[int],
@@ -138,8 +154,10 @@ def _dims(
         names.pop(rx, None)
         return True
 
-    first_of: dict[str, int] = {}
-    where: dict[str, str] = {}
+    # Mesh-TF: a dim is a name and a size. ``kd`` on 3x3x3 and 2x2x2 kernels is two dims,
+    # labelled ``kd(3)`` and ``kd(2)``; a name of one size keeps its name.
+    labels = user_labels(b, live)
+    first_of: dict[tuple[str, int], int] = {}
     for t in sorted(b.user):  # inputs first, then intermediates named with al.name_dims
         if t not in live:
             continue
@@ -147,18 +165,12 @@ def _dims(
             if name is None or b.shapes[t][axis] <= 1:
                 continue
             k = b.key(t, axis)
-            if name in first_of:
-                k0 = first_of[name]
-                if sizes[k0] != sizes[k]:
-                    raise WorkloadError(
-                        f"dim {name!r} has size {sizes[k0]} on {where[name]} but {sizes[k]} on "
-                        f"{b.paths[t] or b.producer.get(t)} axis {axis}; one name must mean one size"
-                    )
-                union(k0, k)
+            key = (base_name(name), sizes[k])
+            if key in first_of:
+                union(first_of[key], k)
             else:
-                first_of[name] = k
-                where[name] = f"{b.paths[t] or b.producer.get(t)} axis {axis}"
-                names[k] = name
+                first_of[key] = k
+                names[k] = labels[key]
     for x, y in b.links:
         if sizes[x] > 1:
             rx, ry = find(x), find(y)
