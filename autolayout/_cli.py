@@ -18,7 +18,6 @@ import click
 import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
 
 from .core import (
     DEFAULT_REMAT,
@@ -32,8 +31,8 @@ from .core import (
     axes_in_use,
     check_limit,
     check_writable,
-    collectives_by_kind,
     diff,
+    frame_text,
     hardware,
     inner_splits,
     list_profiles,
@@ -41,10 +40,9 @@ from .core import (
     mesh_text,
     profile_sources,
     remat_for_plan,
+    report_text,
     rule_lines,
     status_text,
-    summary_rows,
-    top_ops,
     trace,
 )
 from .cost_models import evaluate, kernel_notes
@@ -648,53 +646,19 @@ def report_cmd(plan_path, html_out, by, top, show_exceptions) -> None:
     if by not in plan.report().columns:
         raise click.BadParameter(f"no column {by!r} in the report", param_hint="--by")
 
-    con = _console()
-    t = Table(title=f"plan {plan_path}", show_header=False)
-    for k, v in summary_rows(plan):
-        t.add_row(k, v)
-    con.print(t)
+    w = _width()
+    click.echo(report_text(plan, width=w, by=by, top=top, title=f"plan {plan_path}"))
     if show_exceptions:
+        import pandas as pd  # heavy (pandas): only where a table is asked for
+
         rows = (plan.solver or {}).get("exceptions", [])
-        ex = Table(title=f"exceptions to the rules ({len(rows)} inputs)")
-        ex.add_column("input", overflow="fold")
-        ex.add_column("layout (mesh axes per tensor axis)", overflow="fold")
-        for path, lay in rows:
-            ex.add_row(path, "(" + ", ".join("x".join(a) or "-" for a in lay) + ")")
-        con.print(ex)
-    ops, per = top_ops(plan, top), plan.report(by=by).head(top)
-    if con.width < 120:  # a narrow terminal: the columns a reader needs first
-        ops = ops[[c for c in ("op", "layer", "time_s", "collective", "strategy") if c in ops]]
-        per = per[[c for c in ("ops", "time_s", "share") if c in per]]
-    con.print(_rich_frame(ops, f"costliest {top} ops (time per step, s)"))
-    con.print(_rich_frame(per, f"time per step by {by}", index=by))
-    con.print(_rich_frame(collectives_by_kind(plan), "collectives per step", index="kind"))
+        layouts = ["(" + ", ".join("x".join(a) or "-" for a in lay) + ")" for _, lay in rows]
+        frame = pd.DataFrame({"input": [p for p, _ in rows], "layout": layouts})
+        click.echo("\n" + frame_text(frame, f"exceptions to the rules ({len(rows)} inputs; "
+                                      "layout: mesh axes per tensor axis)", w))  # fmt: skip
     if html_out:
         plan.to_html(html_out)
         click.echo(f"HTML report written to {html_out}")
-
-
-def _console():
-    """A terminal's own width (columns shrink and cut, rows stay rows); 160 columns into a
-    file or a pipe, unless COLUMNS says otherwise."""
-
-    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=160 if wide else None)
-
-
-def _rich_frame(df, title: str, index: str | None = None):
-
-    t = Table(title=title)
-    cols = ([index] if index else []) + [str(c) for c in df.columns]
-    for c in cols:
-        text = c in (index, "op", "kind", "layer", "strategy", "collective")
-        t.add_column(c, justify="left" if text else "right", no_wrap=True, overflow="ellipsis",
-                     min_width=min(len(c), 10) if text else max(len(c), 9),
-                     max_width=40 if text else None)  # fmt: skip
-    for idx, row in df.iterrows():
-        vals = [str(idx)] if index else []
-        vals += [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
-        t.add_row(*vals)
-    return t
 
 
 @main.command("diff")
@@ -705,14 +669,16 @@ def diff_cmd(plan_a, plan_b, top) -> None:
     """Where two plans of one model split differently, and what each difference costs."""
 
     d = diff(Plan.load(plan_a), Plan.load(plan_b))
-    con = _console()
-    click.echo(f"a = {plan_a}\nb = {plan_b}")
-    con.print(_rich_frame(d.summary, "a against b"))
-    con.print(_rich_frame(d.inputs.head(top), f"inputs laid out differently ({len(d.inputs)})"))
-    con.print(
-        _rich_frame(d.ops.head(top), f"ops split differently ({len(d.ops)}), largest change first")
-    )
-    con.print(_rich_frame(d.layers.head(top), "time per step by layer (s)", index="layer"))
+    w = _width()
+    _echo(f"a = {plan_a}")
+    _echo(f"b = {plan_b}")
+    for df, title, index in (
+        (d.summary, "a against b", None),
+        (d.inputs.head(top), f"inputs laid out differently ({len(d.inputs)})", None),
+        (d.ops.head(top), f"ops split differently ({len(d.ops)}), largest change first", None),
+        (d.layers.head(top), "time per step by layer (s)", "layer"),
+    ):
+        click.echo("\n" + frame_text(df, title, w, index=index))
 
 
 @main.command("run")

@@ -242,9 +242,12 @@ def test_diff_refuses_plans_of_different_programs(plans):
 def test_diff_cli(plans, tmp_path):
     plans[0].to_json(tmp_path / "a.json")
     plans[1].to_json(tmp_path / "b.json")
-    r = CliRunner().invoke(main, ["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    r = CliRunner().invoke(
+        main, ["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")], env={"COLUMNS": "80"}
+    )
     assert r.exit_code == 0, r.output
     assert "params/layers/0/w1" in r.output and "step_time_s" in r.output
+    assert max(map(len, r.output.splitlines())) <= 80 and "…" not in r.output
 
 
 def test_loaded_plan_reports_like_the_fresh_one(plans, tmp_path):
@@ -295,12 +298,6 @@ def test_report_text_fits_80_columns_and_labels_looped_rows(scanned, plans):
     assert "batch:data," in narrow and "d_ff:model" in narrow  # wrapped at the comma
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="autolayout/_cli.py's report prints rich tables that cut cells at 80 columns "
-    "(batch:mod…); it should print core._report.report_text(plan, width=...) instead: when "
-    "it does, this passes and the marker goes",
-)
 def test_report_cli_fits_80_columns(plans, tmp_path):
     path = tmp_path / "plan.json"
     plans[1].to_json(path)

@@ -61,8 +61,10 @@ from ._report import PlanDiff as PlanDiff
 from ._report import axes_in_use as axes_in_use
 from ._report import collectives_by_kind as collectives_by_kind
 from ._report import diff as diff
+from ._report import frame_text as frame_text
 from ._report import inner_splits as inner_splits
 from ._report import op_layers as op_layers
+from ._report import report_text as report_text
 from ._report import rule_lines as rule_lines
 from ._report import summary_rows as summary_rows
 from ._report import top_ops as top_ops

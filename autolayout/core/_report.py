@@ -341,6 +341,38 @@ def report_text(
     return "\n".join(out)
 
 
+def frame_text(df: Any, title: str, width: int = 80, index: str | None = None) -> str:
+    """A data frame as a plain table of at most ``width`` columns under its ``title`` (``autolayout
+    diff``'s tables, a plan's exceptions): text cells wrap, numbers to three significant
+    digits; ``index`` names the index as a first column."""
+    if index is not None:
+        df = df.reset_index().rename(columns={"index": index})
+    cols = [str(c) for c in df.columns]
+    numeric = {j for j, c in enumerate(df.columns) if df[c].dtype.kind in "iuf"}
+
+    def cell(v: Any, j: int) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    rows = [[cell(v, j) for j, v in enumerate(r)] for r in df.itertuples(index=False)]
+    text = set(range(len(cols))) - numeric
+    body = _table(cols, rows, width, text or {0}) if rows else ["(none)"]
+    if any(len(x) > width for x in body):  # too many columns to fit: a block of lines a row
+        key = max(map(len, cols)) + 2
+        body = [
+            x
+            for k, r in enumerate(rows)
+            for x in ([""] if k else [])
+            + [
+                (c if i == 0 else "").ljust(key) + w
+                for c, v in zip(cols, r, strict=True)
+                for i, w in enumerate(_wrap(v, width - key))
+            ]  # fmt: skip
+        ]
+    return "\n".join([*_wrap(title, width), *body])
+
+
 def _num(x: float) -> str:
     """Three significant digits, no exponent for the sizes a report shows."""
     if not math.isfinite(x):
