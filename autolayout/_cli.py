@@ -151,10 +151,11 @@ def hw_cmd(name: str | None) -> None:
     the source of each figure."""
     if name:
         hw = hardware(name)
-        click.echo(hw.describe())
-        click.echo("sources (docs/hardware-facts.md collects them):")
+        for line in hw.describe().splitlines():
+            _echo(line)
+        _echo("sources (docs/hardware-facts.md collects them):")
         for key, source in profile_sources(hw):
-            click.echo(f"  {key:<26} {source}")
+            _echo(f"  {key}: {source}")
         return
     click.echo(f"{'family':<14} {'kind':<5} {'bf16 FLOP/s':>12} {'HBM GiB':>8}  example")
     for fam in list_profiles():
@@ -192,8 +193,9 @@ def calibrate_cmd(n_devices, base, quick, out) -> None:
                      progress=lambda s: click.echo(f"measuring {s}...", err=True))  # fmt: skip
     path = write_profile(prof, out)
     hw = hardware(str(path))
-    click.echo(hw.describe())
-    click.echo(f"wrote {path}: plan with --hw {path}")
+    for line in hw.describe().splitlines():
+        _echo(line)
+    _echo(f"wrote {path}: plan with --hw {path}")
 
 
 @main.command("trace")

@@ -17,9 +17,11 @@ def test_hw_lists_every_family():
 
 
 def test_hw_shows_one_slice_with_its_topology():
-    r = run("hw", "tpu-v4-256")
+    r = CliRunner().invoke(main, ["hw", "tpu-v4-256"], env={"COLUMNS": "80"})
     assert r.exit_code == 0
     assert "devices      128" in r.output and "4x4x8 torus (wrap,wrap,wrap)" in r.output
+    assert max(map(len, r.output.splitlines())) <= 80  # the sources' notes wrap
+    assert "efficiency   matmul 0." in r.output and "0.0000" not in r.output  # 3 digits
 
 
 def test_trace_prints_dims_op_counts_and_opaque_ops():

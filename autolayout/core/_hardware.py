@@ -279,16 +279,16 @@ class Hardware:
                 lines.append(f"  inter-node   {t.inter_bandwidth:.3g} B/s per device one way")
         e = self.efficiency
         lines.append(
-            f"  efficiency   matmul {e.matmul}, memory {e.memory}, collective {e.collective}, "
-            f"overlap {e.overlap}, HBM headroom {e.memory_headroom}"
+            f"  efficiency   matmul {e.matmul:.3g}, memory {e.memory:.3g}, collective "
+            f"{e.collective:.3g}, overlap {e.overlap:.3g}, HBM headroom {e.memory_headroom:.3g}"
         )
         if e.attention is not None:
             lines.append(
-                f"  attention    fused kernels at {e.attention} of peak, "
+                f"  attention    fused kernels at {e.attention:.3g} of peak, "
                 f"+{e.attention_call_s * 1e3:.2f} ms a forward+backward"
             )
         if e.conv3d is not None:
-            lines.append(f"  convolution  3-D at {e.conv3d} of peak")
+            lines.append(f"  convolution  3-D at {e.conv3d:.3g} of peak")
         if e.kernel_s or e.scan_stack_passes:
             lines.append(
                 f"  overheads    {e.kernel_s * 1e6:.1f} us a kernel, {e.scan_stack_passes:g} HBM "
