@@ -509,7 +509,9 @@ def _plan_options(f):
               help="Also try pipeline stages: a scanned layer stack split over a 'stage' axis "
                    "(the slowest links), the batch cut into microbatches.")  # fmt: skip
 @click.option("--stages", type=int, help="Pipeline stages (implies --pipeline).")
-@click.option("--microbatches", type=int, help="Microbatches a step (with --pipeline).")
+@click.option("--microbatches", type=int,
+              help="Microbatches a step: with --pipeline/--stages the pipeline's; alone, "
+                   "gradients accumulated over that many (a scan over microbatches).")  # fmt: skip
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=DEFAULT_SCHEDULE,
               show_default=True,
               help="gpipe (what autolayout run runs) or 1f1b (priced as Megatron-LM runs it).")  # fmt: skip
@@ -531,7 +533,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     with _Progress() as progress:
         p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
                  objective=objective, deterministic=deterministic, remat=remat,
-                 pipeline=pipeline or bool(microbatches), stages=stages,
+                 pipeline=pipeline, stages=stages,
                  microbatches=microbatches, schedule=schedule, started_at=started)  # fmt: skip
     mark_interrupted(p)
     if p.status == "INFEASIBLE":
@@ -566,6 +568,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
         _echo(
+    acc = p.solver.get("accumulation")
+    if acc and (acc["microbatches"] > 1 or acc["tried"]):  # where it was chosen or considered
+        _echo(f"accumulation: {acc['microbatches']} microbatches ({acc['why']})")
             f"remat: {rm['policy']} "
             + ("(the step as written does not fit)" if rm["tried"] else "(as given)")
             + ", recomputing "

@@ -26,6 +26,7 @@ from autolayout.core import (
     Plan,
     PlanError,
     Workload,
+    accumulation_for_plan,
     closed_parts,
     mesh_text,
     partition_spec,
@@ -216,9 +217,10 @@ def apply(
         )
     mesh = make_mesh(plan, devices)
     # a plan made with a remat policy lays out the step rewritten with it (al.remat)
-    wl_fn = remat_for_plan(
+    # (and one accumulating gradients over microbatches, the step rebuilt as a scan over them)
+    wl_fn = remat_for_plan(plan, accumulation_for_plan(
         plan, Workload(fn, wl.args, donate_argnums=wl.donate_argnums, name=wl.name)
-    )
+    ))  # fmt: skip
     fn = wl_fn.fn
     flat, treedef = jax.tree_util.tree_flatten_with_path(wl.args)
     paths = [path_str(p, wl.argnames) for p, _ in flat]

@@ -37,6 +37,7 @@ from autolayout.core import (
     PlanError,
     Workload,
     WorkloadError,
+    accumulation_for_plan,
     hardware,
     mesh_text,
     partition_spec,
@@ -363,7 +364,7 @@ def run(
     if resume and not checkpoint_dir:
         raise WorkloadError("--resume needs --checkpoint-dir: where the checkpoints are")
     _require_init(workload)
-    workload = remat_for_plan(plan, workload)
+    workload = remat_for_plan(plan, accumulation_for_plan(plan, workload))
     graphs: list[Any] = [plan.graph] if plan.graph is not None else []
 
     def graph():  # traced once, when first needed

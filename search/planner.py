@@ -41,6 +41,7 @@ from autolayout.core import (
     Plan,
     PlanError,
     Workload,
+    accumulation_refusal,
     check_limit,
     checkpoint_names,
     gc_paused,
@@ -54,6 +55,10 @@ from autolayout.core import (
 from autolayout.core import remat as remat_workload
 from autolayout.cost_models import check_mesh, donated_inputs, evaluate, recomputed_ops
 
+from .accumulation import better as accumulation_better
+from .accumulation import plan_accumulation
+from .accumulation import record as record_accumulation
+from .accumulation import why_chosen as accumulation_why
 from .baselines import layouts_and_misses
 from .clock import WORK_SHARE, Clock, active, charge, clock, now, using, wall_slack
 from .final import _to_plan
@@ -149,6 +154,8 @@ def plan(
               refine_shapes=refine_shapes, objective=objective)  # fmt: skip
     if pipeline or stages:
         return _with_pipeline(workload, hw, graph, kw, remat, stages, microbatches, schedule)
+    if microbatches:  # without stages: gradient accumulation over that many (search/accumulation)
+        return _fixed_accumulation(workload, hw, graph, kw, remat, microbatches)
     if remat == "auto":
         return _auto_remat(workload, hw, graph, kw)
     if remat != AS_WRITTEN:
@@ -290,6 +297,8 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
             workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now())
         )
         return _faster(first, again)
+    # gradient accumulation takes ACCUMULATION_SHARE of what is left (search/accumulation)
+    acc_end, end = end, _accumulation_split(workload, end)
     cands = remat_candidates(graph, hw)
     share = AUTO_RANK * max(0.0, end - now())  # nothing where the wall-clock stop has come
     fit = max(1, min(len(cands), int(share // least))) if least > 0 else len(cands)
@@ -320,7 +329,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     in_order = [tried[t] for t in cands]
     if best is None:
         first.solver["remat"]["tried"] = in_order
-        return first
+        return _then_accumulate(first, first, workload, hw, graph, kw, acc_end)
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
     # own plan where that search came out slower
     ranked = best[2]
@@ -329,7 +338,56 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     )  # fmt: skip
     chosen.solver["remat"]["tried"] = in_order
     chosen.solver["remat"]["ranked_s"] = each
-    return chosen
+    return _then_accumulate(chosen, first, workload, hw, graph, kw, acc_end)
+
+
+ACCUMULATION_SHARE = 0.5  # of what remat="auto" has left where the step as written does not fit
+
+
+def _accumulation_split(workload: Workload, end: float) -> float:
+    """Where ``remat="auto"``'s candidates end when gradient accumulation is tried after
+    them: :data:`ACCUMULATION_SHARE` of the budget left goes to it (none where the step
+    cannot accumulate)."""
+    if accumulation_refusal(workload) is not None:
+        return end
+    return now() + (1 - ACCUMULATION_SHARE) * max(0.0, end - now())
+
+
+def _then_accumulate(chosen, first, workload, hw, graph, kw, acc_end) -> Plan:
+    """``remat="auto"``'s plan ``chosen`` (``first``: the step as written, which does not
+    fit), or the step accumulated over microbatches where that fits where ``chosen`` does
+    not, or is faster; searched until ``acc_end``."""
+    why = accumulation_refusal(workload)
+    if why is not None or interrupted():
+        return record_accumulation(chosen, 1, why or "interrupted")
+    pol = chosen.solver.get("remat", {}).get("policy", AS_WRITTEN)
+    acc, tried, none = plan_accumulation(
+        workload, hw, plan_fn=plan, kw=kw, budget=max(0.0, acc_end - now()), graph=graph,
+        base=first, policies=(AS_WRITTEN, pol),
+    )  # fmt: skip
+    if accumulation_better(chosen, acc):
+        return record_accumulation(acc, acc.options["accumulation"],
+                                   accumulation_why(acc, chosen, None), tried)  # fmt: skip
+    kept = "the step without accumulation fits" if chosen.status != "INFEASIBLE" else (
+        "no microbatch count tried fits either")  # fmt: skip
+    return record_accumulation(chosen, 1, none or kept, tried)
+
+
+def _fixed_accumulation(workload, hw, graph, kw, remat, microbatches) -> Plan:
+    """``plan(microbatches=k)`` without stages: the step's gradients accumulated over ``k``
+    microbatches; remat as asked (``"auto"``: as written, else the policies that save most,
+    the budget split between them, the fastest that fits)."""
+    if remat == "auto":
+        policies = (AS_WRITTEN, "dots_saveable", "nothing_saveable")
+    else:
+        policies = (remat,)
+    acc, tried, why = plan_accumulation(
+        workload, hw, plan_fn=plan, kw=kw, budget=kw["time_limit_s"], graph=graph,
+        fixed=microbatches, policies=policies,
+    )  # fmt: skip
+    if acc is None:
+        raise PlanError(f"cannot accumulate gradients over {microbatches} microbatches: {why}")
+    return record_accumulation(acc, microbatches, accumulation_why(acc, None, microbatches), tried)
 
 
 # the policies by what they save, most first (where few can be ranked and the step as

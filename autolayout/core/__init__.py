@@ -79,6 +79,11 @@ from ._trace import trace as trace
 from ._trace import trace_with_jaxpr as trace_with_jaxpr
 from ._train import train_workload as train_workload
 from ._workload import Spec as Spec
+from ._train import ACCUMULATION as ACCUMULATION
+from ._train import accumulate as accumulate
+from ._train import accumulation_batch as accumulation_batch
+from ._train import accumulation_for_plan as accumulation_for_plan
+from ._train import accumulation_refusal as accumulation_refusal
 from ._workload import Workload as Workload
 from ._workload import load_workload as load_workload
 from ._workload import name_dims as name_dims

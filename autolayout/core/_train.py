@@ -3,6 +3,7 @@ runnable train step (what ``autolayout plan`` prices and ``autolayout run`` runs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import optax
 
 from ._errors import WorkloadError
 from ._metadata import named_specs, unboxed
-from ._workload import Workload
+from ._remat import remat as remat_workload
+from ._workload import Workload, name_dims, spec
 
 
 def train_workload(
@@ -95,6 +97,8 @@ def train_workload(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    train_step.train_parts = (loss_fn, optimizer)  # what accumulate() rebuilds the step from
+
     opt_state = jax.eval_shape(optimizer.init, params)
 
     def init(seed: int = 0):  # real arguments, on the host
@@ -119,6 +123,141 @@ def train_workload(
         batches=batches,
         options=options,
     )
+
+
+ACCUMULATION = "accumulation"  # the options' key: the microbatches a step accumulates over
+
+
+def accumulation_refusal(workload: Workload) -> str | None:
+    """Why ``workload``'s step cannot accumulate gradients, in one line (``None`` where it
+    can): only a step built by :func:`train_workload` is known as loss, gradient and update."""
+    if getattr(workload.fn, "train_parts", None) is None:
+        return (
+            f"{workload.name}: gradient accumulation needs the step split into its gradient and "
+            "its update, which only a step built by al.train_workload(loss_fn, optimizer, ...) "
+            "is known to be (this step is an opaque function)"
+        )
+    return None
+
+
+def accumulation_batch(workload: Workload) -> int | None:
+    """The batch a step's gradients could be accumulated over (its batch argument's rows along
+    the axes named ``batch``, else the leading ones); ``None`` where they disagree."""
+    if len(workload.args) != 3:
+        return None
+    sizes = {s.shape[_batch_axis(s)] for s in jax.tree.leaves(workload.args[2]) if s.shape}
+    return next(iter(sizes)) if len(sizes) == 1 else None
+
+
+def _batch_axis(s: Any) -> int:
+    dims = getattr(s, "dims", ()) or ()
+    return dims.index("batch") if "batch" in dims else 0
+
+
+def accumulate(workload: Workload, microbatches: int, remat: Any = None) -> Workload:
+    """``workload``'s step with its gradients accumulated over ``microbatches`` microbatches:
+    the batch cut into microbatches (microbatch ``m`` is rows ``m, M + m, 2M + m, ...``, so a
+    batch split over devices stays split within each), a ``lax.scan`` over them summing the
+    loss and the gradients, their mean given to the optimizer once. The same arguments,
+    state, data, loss and gradients (for a loss that is a mean over the batch, as the example
+    models' are); one microbatch's activations alive at a time.
+
+    ``remat``: a function ``Workload -> Workload`` applied to the gradient of one microbatch
+    (``al.remat`` with a policy), so a plan may recompute inside each microbatch too.
+    Refused in one line (:class:`WorkloadError`) for a step not built by
+    :func:`train_workload`, or a batch the count does not divide."""
+    why = accumulation_refusal(workload)
+    if why is not None:
+        raise WorkloadError(why)
+    k = int(microbatches)
+    if k < 1:
+        raise WorkloadError(f"microbatches must be at least 1, got {microbatches}")
+    loss_fn, optimizer = workload.fn.train_parts
+    params, opt_state, batch = workload.args
+    leaves = jax.tree.leaves(batch)
+    sizes = {s.shape[_batch_axis(s)] for s in leaves}
+    if len(sizes) != 1 or next(iter(sizes)) % k:
+        raise WorkloadError(
+            f"{workload.name}: {k} microbatches do not divide the batch "
+            f"({', '.join(str(n) for n in sorted(sizes))} along the batch axes)"
+        )
+    b = next(iter(sizes))
+
+    def cut(s: Any) -> Any:  # [.., B, ..] -> [B/k, .., ..] one microbatch's shape
+        a = _batch_axis(s)
+        shape = tuple(n // k if i == a else n for i, n in enumerate(s.shape))
+        dims = getattr(s, "dims", None)
+        return spec(shape, dims, s.dtype) if dims else jax.ShapeDtypeStruct(shape, s.dtype)
+
+    def grad_fn(params, batch):
+        return jax.value_and_grad(loss_fn)(params, batch)
+
+    grad_wl = Workload(grad_fn, (params, jax.tree.map(cut, batch)), name=workload.name)
+    written = getattr(workload.fn, "remat_policy", None)  # a step al.remat rewrote already
+    if remat is None and written and written != "as_written":
+        remat = functools.partial(remat_workload, policy=written)
+    if remat is not None:
+        grad_wl = remat(grad_wl)
+    one = grad_wl.fn
+
+    def split(x: Any, a: int) -> Any:  # batch axis a -> [k, B/k, ...]: rows m, k + m, ...
+        x = jnp.moveaxis(x, a, 0)
+        x = jnp.moveaxis(x.reshape(b // k, k, *x.shape[1:]), 1, 0)
+        return jnp.moveaxis(x, 1, a + 1)
+
+    def accumulated_step(params, opt_state, batch):
+        specs = jax.tree.leaves(workload.args[2])
+        flat, tree = jax.tree.flatten(batch)
+        mbs = jax.tree.unflatten(
+            tree, [_named(split(x, _batch_axis(s)), s) for x, s in zip(flat, specs, strict=True)]
+        )
+
+        def body(carry, mb):
+            total, acc = carry
+            loss, grads = one(params, mb)
+            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+            return (total + loss.astype(jnp.float32), acc), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), params)
+        (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), mbs)
+        grads = jax.tree.map(lambda g: (g / k).astype(g.dtype), acc)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, total / k
+
+    accumulated_step.train_parts = (loss_fn, optimizer)
+    accumulated_step.accumulation = k
+    tag = (grad_wl.options or {}).get("remat_policy")
+    if tag:  # the policy is applied inside: al.apply must not apply it to the whole step again
+        accumulated_step.remat_policy = tag
+    options = dict(workload.options, **{ACCUMULATION: k})
+    if tag:
+        options["remat_policy"] = tag
+    return Workload(
+        accumulated_step, workload.args, donate_argnums=workload.donate_argnums,
+        name=f"{workload.name}+accumulate({k})", init=workload.init, options=options,
+        init_state=workload.init_state, batches=workload.batches,
+    )  # fmt: skip
+
+
+def _named(x: Any, s: Any) -> Any:
+    """The microbatches ``x`` ([k, ...one microbatch]) with the batch spec's dim names, so a
+    rule for ``batch`` lays out each microbatch's rows as it does the batch's."""
+    dims = getattr(s, "dims", None)
+    if not dims or "microbatches" in dims:
+        return x
+    return name_dims(x, ("microbatches", *dims))
+
+
+def accumulation_for_plan(plan: Any, workload: Workload) -> Workload:
+    """``workload`` with its gradients accumulated as ``plan`` was made (its options'
+    ``accumulation``, with its ``remat_policy`` inside each microbatch), unless it already is."""
+    opts = getattr(plan, "options", None) or {}
+    k = opts.get(ACCUMULATION)
+    if not k or getattr(workload.fn, "accumulation", None) == k:
+        return workload
+    tag = opts.get("remat_policy")
+    inner = functools.partial(remat_workload, policy=tag) if tag and tag != "as_written" else None
+    return accumulate(workload, k, remat=inner)
 
 
 def _checked(made: Any, specs: Any) -> Any:
