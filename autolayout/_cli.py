@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from .core import (
+    ACCUMULATION,
     DEFAULT_REMAT,
     DEFAULT_SCHEDULE,
     DEFAULT_TIME_LIMIT_S,
@@ -27,6 +28,7 @@ from .core import (
     ModelFileError,
     Plan,
     PlanError,
+    accumulation_for_plan,
     atomic_write,
     axes_in_use,
     check_limit,
@@ -372,6 +374,14 @@ def _print_plan(plan, out: str | None) -> None:
         where = f"{r.op} ({r.layer})" if r.layer else r.op
         line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
         click.echo(_fit(line, w))
+    opaque = (plan.solver or {}).get("opaque") or []
+    if opaque:
+        share = sum(r["share"] for r in opaque)
+        _echo(f"opaque ops: {len(opaque)}, {share:.1%} of the step (run whole on every device, "
+              "as XLA runs an op it cannot partition):")  # fmt: skip
+        for r in opaque[:3]:
+            where = f"{r['op']} ({r['layer']})" if r["layer"] else r["op"]
+            _echo(f"  {where} {r['time_s']:.3g} s, {r['share']:.1%}: {r['reason']}")
     if out:
         plan.to_json(out)
         click.echo(f"plan written to {out}")
@@ -560,6 +570,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         )
     for line in _pipeline_lines(p):
         _echo(line)
+    acc = p.solver.get("accumulation")
+    if acc and (acc["microbatches"] > 1 or acc["tried"]):  # where it was chosen or considered
+        _echo(f"accumulation: {acc['microbatches']} microbatches ({acc['why']})")
     rm = p.solver.get("remat")
     if rm and (rm["policy"] != "as_written" or rm["tried"]):
         tried_text = "; ".join(
@@ -568,9 +581,6 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
         _echo(
-    acc = p.solver.get("accumulation")
-    if acc and (acc["microbatches"] > 1 or acc["tried"]):  # where it was chosen or considered
-        _echo(f"accumulation: {acc['microbatches']} microbatches ({acc['why']})")
             f"remat: {rm['policy']} "
             + ("(the step as written does not fit)" if rm["tried"] else "(as given)")
             + ", recomputing "
@@ -811,6 +821,7 @@ def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
 
     other = {k: v for k, v in sets.items() if k not in plan.options or not same(plan.options[k], v)}
     other.pop("remat_policy", None)
+    other.pop(ACCUMULATION, None)
     if other:
         k, v = next(iter(other.items()))
         was = f"{k}={plan.options[k]!r}" if k in plan.options else f"no {k!r} option"
@@ -820,8 +831,9 @@ def _workload_for_plan(model: str, plan, plan_path: str, sets: dict):
         )
     options = dict(plan.options)
     options.pop("remat_policy", None)  # the planner's, applied to the model's step
+    options.pop(ACCUMULATION, None)  # likewise: its gradients accumulated over microbatches
     try:
-        return remat_for_plan(plan, load_workload(model, **options))
+        return remat_for_plan(plan, accumulation_for_plan(plan, load_workload(model, **options)))
     except ModelFileError as e:
         raise PlanError(
             f"{plan_path} was made for {plan.model!r}, whose options {model} does not take: "

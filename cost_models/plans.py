@@ -22,6 +22,7 @@ from autolayout.core import (
 
 from .memory import aliased_outputs
 from .pricing import _bytes_of, price
+from .replicating import opaque_ops
 from .rules import RuleSet, RuleSpec, check_mesh
 from .sharding import op_kind
 
@@ -107,6 +108,8 @@ def plan_from_costs(
         }
         for t in g.inputs
     ]
+    if any(op.opaque for op in g.ops):  # each op run whole on every device, and its share
+        solver = {**solver, "opaque": opaque_ops(g, ops)}
     return Plan(
         status=status,
         model=g.name,

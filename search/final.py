@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from autolayout.core import Graph, Hardware, RuleError
+from autolayout.core import Graph, Hardware, RuleError, base_name
 from autolayout.cost_models import RuleSet, plan_from_costs, price
 
 from .baselines import batch_dim, spatial_dims
@@ -287,6 +287,24 @@ def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
     )  # fmt: skip
 
 
+def _merged_sizes(g: Graph, rules: list) -> list:
+    """Rules as Mesh-TF writes them: where every size of one name (``depth(32)``,
+    ``depth(16)``, ...: a name the user gave axes of several sizes) has a rule to the same mesh
+    axes, one rule for the name, in the place of its first size's."""
+    axes_of = dict(rules)
+    out, done = [], set()
+    for d, axes in rules:
+        base = base_name(d)
+        sizes = g.named(base) if base != d else ()
+        if sizes and all(axes_of.get(s) == axes for s in sizes):
+            if base not in done:
+                out.append((base, axes))
+                done.add(base)
+            continue
+        out.append((d, axes))
+    return out
+
+
 def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
     """Mesh-TF rules that reproduce the inputs' layouts, and the inputs they do not.
 
@@ -307,6 +325,7 @@ def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
         if axes:
             rules.append((d, axes))
     rules.sort(key=lambda r: -sum(votes[r[0]].values()))
+    rules = _merged_sizes(g, rules)
     try:
         rs = RuleSet(g, mesh, rules)
     except RuleError:

@@ -171,3 +171,17 @@ def test_a_plan_file_written_before_stays_valid():
     for a, b in zip(plan.inputs, q.inputs, strict=True):
         if a["path"] not in exceptions:
             assert a["layout"] == b["layout"], a["path"]
+
+
+def test_a_plan_writes_one_rule_for_a_name_whose_sizes_share_axes(mtf):
+    """A searched plan's rules are Mesh-TF's: every size of ``depth`` on ``space`` is the
+    rule ``depth -> space``; a size laid out otherwise keeps its own rule."""
+    from autolayout.search.final import _merged_sizes
+
+    _, g = mtf
+    depths = g.named("depth")
+    assert len(depths) > 1
+    same = [(d, ("space",)) for d in depths] + [("c(8)", ("data",))]
+    assert _merged_sizes(g, same)[0] == ("depth", ("space",))
+    split = [(depths[0], ("space",)), (depths[1], ("data",))]
+    assert _merged_sizes(g, split) == split

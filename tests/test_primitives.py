@@ -193,3 +193,28 @@ def test_the_flax_cnn_validates_against_xla():
     colls = [q for q in df.index if "-" in q]  # all-reduce, all-gather, ...
     assert colls == ["all-reduce"], df
     assert abs(df.loc["all-reduce", "ratio"] - 1) <= 0.1, df
+
+
+def test_a_plan_names_each_opaque_op_and_its_share(tmp_path):
+    """Issue 35, item 2: the plan (and the CLI) names each op it runs whole on every device,
+    why, and its share of the step."""
+    from click.testing import CliRunner
+
+    from autolayout._cli import main
+
+    model = tmp_path / "chol.py"
+    model.write_text(
+        "import jax.numpy as jnp\nimport autolayout as al\n\n\n"
+        "def workload():\n"
+        "    def step(a):\n"
+        "        return jnp.sum(jnp.linalg.cholesky(a @ a.T + jnp.eye(8)))\n\n"
+        '    return al.Workload(step, (al.spec((8, 8), ("n", "m")),), name="chol")\n'
+    )
+    r = CliRunner().invoke(
+        main, ["evaluate", str(model), "--hw", "cpu-8", "--mesh", "data=8", "--out",
+               str(tmp_path / "p.json")], env={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    opaque = al.Plan.load(tmp_path / "p.json").solver["opaque"]
+    assert [o["primitive"] for o in opaque] == ["cholesky"] and 0 < opaque[0]["share"] < 1
+    assert "opaque ops: 1, " in r.output and "cholesky" in r.output and "custom call" in r.output

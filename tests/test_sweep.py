@@ -35,6 +35,7 @@ CASES = {
     "moe": (MODELS / "moe.py", ONE, ALL, None),
     "t5": (MODELS / "t5.py", ONE, ALL, None),
     "unet3d": (MODELS / "unet3d.py", {}, ALL, None),
+    "unet3d_mtf": (MODELS / "unet3d_mtf.py", {}, ALL, None),
     "my_transformer": (MODELS / "my_transformer.py", dict(SMALL, heads=8), ALL, None),
     "stranger_lm": (MODELS / "stranger_lm.py", SMALL, ALL, None),
     "tagged_mlp": (MODELS / "tagged_mlp.py", dict(layers=2), ALL, None),

@@ -219,17 +219,6 @@ def test_a_primitive_without_a_rule_is_an_opaque_op_not_a_crash():
     assert g.opaque[0].opaque and g.dims["batch"] == 4
 
 
-def test_one_name_with_two_sizes_is_an_error():
-    def step(a, b):
-        return jnp.sum(a) + jnp.sum(b)
-
-    wl = al.Workload(step, (al.spec((4, 8), ("batch", "d")), al.spec((5,), ("batch",))))
-    with pytest.raises(
-        al.WorkloadError, match="dim 'batch' has size 4 on a axis 0 but 5 on b axis 0"
-    ):
-        al.trace(wl)
-
-
 def test_a_step_that_does_not_trace_is_a_trace_error():
     wl = al.Workload(lambda x: x @ x, (al.spec((4, 8), ("a", "b")),), name="broken")
     with pytest.raises(

@@ -308,3 +308,16 @@ def test_a_split_slice_exchanges_the_halos_xla_does(parts, size, start, length):
     hlo = f.lower(jax.ShapeDtypeStruct((4, size), jnp.float32)).compile().as_text()
     got = sorted(c.bytes // 16 for c in hlo_collectives(hlo))  # f32[4, n]: n elements
     assert got == sorted(slice_exchange(size, parts, start, length))
+
+
+def test_a_reshard_the_replay_cannot_follow_is_priced_whole_not_a_crash():
+    """Mixtral-shaped MoE on h100-64 (mesh a=2 x b=8 x c=4): two all-to-all pairs whose second
+    has 8 tiles into 1 then 8 crashed the search (a reshape of 64 devices into a 0-sized
+    axis); XLA CHECKs that order away, so the replay prices the full rematerialisation."""
+    from autolayout.cost_models.xla_reshard import xla_reshard
+
+    steps, whole = xla_reshard(
+        (("a", 2), ("b", 8), ("c", 4)), (256, 4096, 8, 1280),
+        (("b",), ("a",), (), ("c",)), (("a",), (), ("c",), ("b",)),
+    )  # fmt: skip
+    assert whole and [k for k, _, _ in steps] == ["all-gather"] * 3
