@@ -40,11 +40,13 @@ GIB = 2**30
 def microbatch_counts(batch: int, base: Plan | None = None, fixed: int | None = None) -> list[int]:
     """Microbatch counts to try: ``fixed``; else powers of two dividing ``batch``, from the
     least whose memory, estimated from ``base`` (the step's activations divided by ``k``, the
-    rest unchanged), fits its limit, :data:`COUNTS` of them."""
+    rest unchanged), fits its limit (from 2 where ``base`` fits), :data:`COUNTS` of them."""
     if fixed:
         return [fixed]
     ks = [2**i for i in range(1, 31) if 2**i <= batch and batch % 2**i == 0]
     if base is None or not ks:
+        return ks[:COUNTS]
+    if base.status != "INFEASIBLE":  # it fits: accumulation competes on time, least first
         return ks[:COUNTS]
     s = base.predicted
     need = base.solver.get("least_memory_bytes", s["memory_bytes_per_device"])

@@ -329,7 +329,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     in_order = [tried[t] for t in cands]
     if best is None:
         first.solver["remat"]["tried"] = in_order
-        return _then_accumulate(first, first, workload, hw, graph, kw, acc_end)
+        return _then_accumulate(first, workload, hw, graph, kw, acc_end)
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
     # own plan where that search came out slower
     ranked = best[2]
@@ -338,7 +338,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     )  # fmt: skip
     chosen.solver["remat"]["tried"] = in_order
     chosen.solver["remat"]["ranked_s"] = each
-    return _then_accumulate(chosen, first, workload, hw, graph, kw, acc_end)
+    return _then_accumulate(chosen, workload, hw, graph, kw, acc_end)
 
 
 ACCUMULATION_SHARE = 0.5  # of what remat="auto" has left where the step as written does not fit
@@ -353,17 +353,17 @@ def _accumulation_split(workload: Workload, end: float) -> float:
     return now() + (1 - ACCUMULATION_SHARE) * max(0.0, end - now())
 
 
-def _then_accumulate(chosen, first, workload, hw, graph, kw, acc_end) -> Plan:
-    """``remat="auto"``'s plan ``chosen`` (``first``: the step as written, which does not
-    fit), or the step accumulated over microbatches where that fits where ``chosen`` does
-    not, or is faster; searched until ``acc_end``."""
+def _then_accumulate(chosen, workload, hw, graph, kw, acc_end) -> Plan:
+    """``remat="auto"``'s plan ``chosen`` (where the step as written does not fit), or the
+    step accumulated over microbatches where that fits where ``chosen`` does not, or is
+    faster; searched until ``acc_end``."""
     why = accumulation_refusal(workload)
     if why is not None or interrupted():
         return record_accumulation(chosen, 1, why or "interrupted")
     pol = chosen.solver.get("remat", {}).get("policy", AS_WRITTEN)
     acc, tried, none = plan_accumulation(
         workload, hw, plan_fn=plan, kw=kw, budget=max(0.0, acc_end - now()), graph=graph,
-        base=first, policies=(AS_WRITTEN, pol),
+        base=chosen, policies=(AS_WRITTEN, pol),
     )  # fmt: skip
     if accumulation_better(chosen, acc):
         return record_accumulation(acc, acc.options["accumulation"],
