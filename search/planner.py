@@ -25,6 +25,7 @@ ILP is, and every other shape's too or its bound rules it out.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 import warnings
@@ -71,6 +72,9 @@ from .seeds import ShapeResult, _score, seeds
 from .structure import analyse
 
 AS_WRITTEN = "as_written"  # a nested search plans the step it is given, as it is
+# remat="auto"'s first search: the clock time by which the step as written must have a fitting
+# layout from the hand layouts or the greedy descent, else it ends (None: search in full)
+_PROBE: contextvars.ContextVar[float | None] = contextvars.ContextVar("probe", default=None)
 REFINE = 3  # shapes refined by the ILP (best seeds first)
 # past those, a shape whose best seed is within this factor of the best answer so far is
 # refined too while time is left: refinement can take a seed past the others' answers (a
@@ -288,15 +292,16 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         charge(Clock.TRACE_OP_S * len(graph.ops))
     # what one plan of this step takes at the least: traced, seeded on a shape, priced
     least = Clock.least_work(len(graph.ops)) if clock().deterministic else 0.0
-    first_s = min(budget, max(AUTO_FIRST * budget, least))
-    first = plan(workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=first_s))
-    if interrupted():  # a Ctrl-C: the answer so far, no candidates after it
+    # the step as written with the whole budget: a step that fits is searched as remat=
+    # "as_written" searches it; one whose hand layouts and greedy descent fit nowhere by
+    # AUTO_FIRST of the budget ends there, and the candidates share the rest
+    token = _PROBE.set(now() + min(budget, max(AUTO_FIRST * budget, least)))
+    try:
+        first = plan(workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=budget))
+    finally:
+        _PROBE.reset(token)
+    if interrupted() or first.status != "INFEASIBLE":  # a Ctrl-C: the answer so far
         return first
-    if first.status != "INFEASIBLE":
-        again = plan(
-            workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now())
-        )
-        return _faster(first, again)
     # gradient accumulation takes ACCUMULATION_SHARE of what is left (search/accumulation)
     acc_end, end = end, _accumulation_split(workload, end)
     cands = remat_candidates(graph, hw)
@@ -517,7 +522,13 @@ def _search(graph, hw, st, shapes, mesh, limit, deadline, hand_s, progress, prun
     # 2. greedy rules and the ILP on the shapes with the best seeds
     order = sorted((r for r in results if r.best is not None), key=lambda r: _score(r.best, limit))
     if order and not any(r.best.fits(limit) for r in order):
-        order = _sweep(order, limit, deadline)
+        probe = _PROBE.get()  # remat="auto" asks first whether the step as written fits
+        order = _sweep(order, limit, deadline if probe is None else max(now(), probe))
+        if probe is not None and not any(r.best.fits(limit) for r in order):
+            win = min(order, key=lambda r: r.best.memory_bytes)
+            win.least_memory = win.best.memory_bytes
+            win.note = "nothing fits as written (hand layouts and the greedy descent): no ILP"
+            return win, results, "INFEASIBLE", "no layout of the step as written fits"
     best_time = math.inf
     refined = 0  # shapes refined so far (a pruned one takes no turn)
 

@@ -33,10 +33,10 @@ def test_the_api_and_the_command_line_read_one_set_of_defaults():
 
 def test_a_model_that_needs_remat_gets_one_plan_from_the_api_and_the_command_line(tmp_path):
     cli = tmp_path / "cli.json"
-    _cli_plan(MODELS / "gpt.py", "cpu-8", cli, "size=tiny", limit=10, remat=None,
+    _cli_plan(MODELS / "gpt.py", "cpu-8", cli, "size=tiny", limit=20, remat=None,
               extra=("--memory-limit", str(NEEDS_REMAT_GIB)))  # fmt: skip
     wl = al.load_workload(MODELS / "gpt.py", size="tiny", target="cpu-8")
-    p = al.plan(wl, "cpu-8", time_limit_s=10, memory_limit=NEEDS_REMAT_GIB * 2**30)
+    p = al.plan(wl, "cpu-8", time_limit_s=20, memory_limit=NEEDS_REMAT_GIB * 2**30)
     api = tmp_path / "api.json"
     p.to_json(api)
     a, c = _plan_file(api), _plan_file(cli)
