@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autolayout.core import Graph, RuleError, model_named
+from autolayout.core import Graph, RuleError, base_name, model_named
 from autolayout.cost_models import conv_spatial
 
 NAMES = ("dp", "fsdp", "megatron", "2d", "megatron_fsdp", "megatron_sp", "spatial")
@@ -130,7 +130,7 @@ def _spatial_mesh(g: Graph, slots: list[list[str]], devices: int) -> dict[str, i
             return None
         i = min(ok, key=lambda i: sizes[i])
         sizes[i] *= p
-    return {slots[i][0]: k for i, k in enumerate(sizes) if k > 1}
+    return {base_name(slots[i][0]): k for i, k in enumerate(sizes) if k > 1}  # depth, not depth(32)
 
 
 def _split(n: int, sizes: Sequence[int]) -> int:
@@ -164,7 +164,8 @@ def standard_layout(
                 f"workload {g.name!r}: no convolution whose spatial dims {devices} devices "
                 "can split (spatial partitioning needs one)"
             )
-        return mesh, [(d, (sl[0],)) for sl in slots if sl[0] in mesh for d in sl]
+        axis = [base_name(sl[0]) for sl in slots]
+        return mesh, [(d, (a,)) for sl, a in zip(slots, axis, strict=True) if a in mesh for d in sl]
     if name == "megatron":  # needs no batch dim
         tp = _with_kv(g, tp_dims(g, model_dims, devices), devices, model_dims)
         return {"model": devices}, [(d, ("model",)) for d in tp]
