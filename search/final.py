@@ -22,7 +22,8 @@ from .structure import Structure
 def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     """Generic mesh axes named after what they split: the batch only ``data``, the batch (of
     an input, or of the activations) and weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
-    of the activations) ``space``, else ``model``. A mesh the user gave keeps its names."""
+    of the activations) ``space``, nothing at all ``replica`` (its devices repeat the work),
+    else ``model``. A mesh the user gave keeps its names."""
     req = r.request
     if r.named:
         return {a: a for a in req.machine.mesh}
@@ -53,14 +54,14 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
                 for a in axes:
                     if a in quiet and d in space:
                         splits[a].add("space")
-    if quiet:  # an axis no tensor uses at all is marked, not named after a role
+    if quiet:  # an axis no tensor uses at all holds replicas: named so, not after a role
         touched = {a for lay in layouts.values() for axes in lay for a in axes}
         touched |= {  # an op may split a summed dim on it (partial sums): it divides work
             a for assign in req.assigns_of(choice).values() for axes in assign for a in axes
         }
         for a in quiet:
             if a not in touched:
-                splits[a].add("unused")
+                splits[a].add("replica")
     out: dict[str, str] = {}
     used: set[str] = set()
     for a in req.machine.mesh:
@@ -69,7 +70,7 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
             "data" if s == {"batch"}
             else "fsdp" if s == {"batch", "param"}
             else "space" if s == {"space"}
-            else "unused" if s == {"unused"}
+            else "replica" if s == {"replica"}
             else "model"
         )  # fmt: skip
         # an axis that splits no input splits activations only: model parallelism too

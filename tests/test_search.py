@@ -521,3 +521,16 @@ def test_the_search_is_no_worse_than_a_fixed_mesh():
         fixed = al.plan(wl, "cpu-8", mesh=shape, time_limit_s=2, deterministic=True, graph=g)
         if fixed.predicted["fits"]:
             assert full.predicted["step_time_s"] <= fixed.predicted["step_time_s"] * 1.01, shape
+
+
+def test_an_axis_that_splits_nothing_is_named_replica_and_the_cli_says_why():
+    """A tiny MLP on 64 GPUs: every split costs more than it saves, so the devices repeat
+    the step; the axis is named for that (``replica``, once ``unused``) and the CLI says so."""
+    from click.testing import CliRunner
+
+    from autolayout._cli import main
+
+    r = CliRunner().invoke(main, ["plan", f"{MODELS}/mlp.py", "--hw", "h100-64",
+                                  "--time-limit", "3"], env={"COLUMNS": "80"})  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "mesh replica=64" in r.output and "splits nothing" in r.output, r.output
