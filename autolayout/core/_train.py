@@ -15,6 +15,7 @@ import optax
 from ._errors import WorkloadError
 from ._metadata import named_specs, unboxed
 from ._remat import remat as remat_workload
+from ._trace import gpu_kernels_traceable
 from ._workload import Workload, name_dims, spec
 
 
@@ -27,8 +28,11 @@ def train_workload(
     *,
     name: str = "",
     options: dict | None = None,
+    state: Any = None,
 ) -> Workload:
-    """A whole train step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
+    """A whole train step ``(params, opt_state, batch) -> (params, opt_state, loss)``, or
+    with non-trainable ``state``, ``(params, opt_state, state, batch) -> (params, opt_state,
+    state, loss)``.
 
     Args:
       loss_fn: ``loss_fn(params, batch) -> scalar loss``.
@@ -43,6 +47,13 @@ def train_workload(
         from a ``numpy.random.Generator`` (``autolayout run`` seeds it per step).
       name: shown in reports.
       options: what the model file's ``workload()`` was called with.
+      state: non-trainable state the step updates and the optimizer does not (Flax linen's
+        ``batch_stats`` collection, NNX ``BatchStat`` variables, Keras non-trainable
+        variables), as ``params`` is given: specs or ``init(key) -> state``. With it,
+        ``loss_fn(params, state, batch) -> (loss, new_state)``, the new state of the same
+        structure (linen: ``model.apply(..., mutable=["batch_stats"])``'s updates; Keras:
+        ``stateless_call``'s non-trainable variables). It is donated and carried from step
+        to step like the parameters, and its dims are named like theirs.
 
     The parameters and the optimizer state are donated (the step updates them in place);
     ``init_state(key)`` builds them where they live, ``batches(step, seed)`` feeds the rest.
@@ -66,31 +77,11 @@ def train_workload(
             f"train_workload: optimizer must be an optax GradientTransformation (with init and "
             f"update), got {type(optimizer).__name__}"
         )
-    if callable(params):
-        boxed_init = params
-        try:  # names a library attached (Flax logical partitioning, NNX sharding) are kept
-            params = named_specs(jax.eval_shape(boxed_init, jax.random.key(0)))
-        except Exception as e:
-            raise WorkloadError(
-                f"train_workload: init(key) failed under jax.eval_shape: {type(e).__name__}: {e}"
-            ) from e
-
-        def user_init(key):
-            return unboxed(boxed_init(key))
-
-        def init_params(key):
-            return user_init(key)
-
-        def host_params(rng: np.random.Generator):
-            return jax.jit(user_init)(jax.random.key(int(rng.integers(2**31))))
-    else:
-        params = named_specs(params)
-
-        def init_params(key):
-            return init_from_specs(params, key)
-
-        def host_params(rng: np.random.Generator):
-            return init_from_specs_host(params, rng)
+    params, init_params, host_params = _initialiser(params, "init(key)")
+    if state is not None:
+        state, init_extra, host_extra = _initialiser(state, "state init(key)")
+        return _stateful(loss_fn, optimizer, params, state, batch, make_batch,
+                         (init_params, host_params, init_extra, host_extra), name, options)  # fmt: skip
 
     def train_step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -125,12 +116,103 @@ def train_workload(
     )
 
 
+def _initialiser(given: Any, what: str) -> tuple[Any, Callable, Callable]:
+    """``given`` (specs or a jittable ``init(key)``) as its specs, a jittable ``init(key)``
+    of plain arrays and a host ``init(rng)``."""
+    if not callable(given):
+        specs = named_specs(given)
+        return (specs, functools.partial(_from_specs, specs),
+                functools.partial(init_from_specs_host, specs))  # fmt: skip
+    boxed_init = given
+    try:  # names a library attached (Flax logical partitioning, NNX sharding) are kept
+        with gpu_kernels_traceable():  # a model calling cuDNN attention inits anywhere
+            specs = named_specs(jax.eval_shape(boxed_init, jax.random.key(0)))
+    except Exception as e:
+        raise WorkloadError(
+            f"train_workload: {what} failed under jax.eval_shape: {type(e).__name__}: {e}"
+        ) from e
+
+    def user_init(key):  # the cuDNN stand-in: jit drops the dead attention init computes
+        with gpu_kernels_traceable():
+            return unboxed(boxed_init(key))
+
+    def host(rng: np.random.Generator):
+        return jax.jit(user_init)(jax.random.key(int(rng.integers(2**31))))
+
+    return specs, user_init, host
+
+
+def _from_specs(specs: Any, key: jax.Array) -> Any:
+    return init_from_specs(specs, key)
+
+
+def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name, options):
+    """:func:`train_workload`'s step with non-trainable state: ``(params, opt_state, state,
+    batch) -> (params, opt_state, state, loss)``, the state donated with the parameters."""
+    init_params, host_params, init_extra, host_extra = inits
+    want = jax.tree.structure(state)
+
+    def train_step(params, opt_state, state, batch):
+        def loss_and_state(params):
+            got = loss_fn(params, state, batch)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise WorkloadError(
+                    "train_workload: with state=, loss_fn(params, state, batch) must return "
+                    f"(loss, new_state), got {type(got).__name__}"
+                )
+            return got[0], unboxed(got[1])
+
+        (loss, new_state), grads = jax.value_and_grad(loss_and_state, has_aux=True)(params)
+        if jax.tree.structure(new_state) != want:
+            raise WorkloadError(
+                "train_workload: loss_fn's new state has another structure than state= "
+                f"({jax.tree.structure(new_state)} vs {want}): return the updated collection "
+                "as it was given"
+            )
+        new_state = jax.tree.map(lambda n, s: n.astype(s.dtype), new_state, state)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, new_state, loss
+
+    train_step.train_state = True  # accumulation_refusal: its state updates once per step
+    opt_state = jax.eval_shape(optimizer.init, params)
+
+    def init(seed: int = 0):  # real arguments, on the host
+        rng = np.random.default_rng(seed)
+        real = host_params(rng)
+        return real, optimizer.init(real), host_extra(rng), _checked(make_batch(rng), batch)
+
+    def init_state(key):  # the donated arguments, jittable
+        k1, k2 = jax.random.split(key)
+        real = init_params(k1)
+        return real, optimizer.init(real), init_extra(k2)
+
+    def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
+        return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
+
+    return Workload(
+        train_step,
+        (params, opt_state, state, batch),
+        donate_argnums=(0, 1, 2),
+        name=name or getattr(loss_fn, "__name__", "train_step"),
+        init=init,
+        init_state=init_state,
+        batches=batches,
+        options=options,
+    )
+
+
 ACCUMULATION = "accumulation"  # the options' key: the microbatches a step accumulates over
 
 
 def accumulation_refusal(workload: Workload) -> str | None:
     """Why ``workload``'s step cannot accumulate gradients, in one line (``None`` where it
     can): only a step built by :func:`train_workload` is known as loss, gradient and update."""
+    if getattr(workload.fn, "train_state", False):
+        return (
+            f"{workload.name}: gradient accumulation over a step with non-trainable state "
+            "(train_workload's state=, e.g. batch statistics) is not supported: its state "
+            "would be updated once per microbatch"
+        )
     if getattr(workload.fn, "train_parts", None) is None:
         return (
             f"{workload.name}: gradient accumulation needs the step split into its gradient and "
