@@ -210,3 +210,24 @@ def test_a_linen_model_calling_cudnn_attention_loads_and_plans_without_a_gpu():
         assert p.status in ("OPTIMAL", "FEASIBLE", "TIMEOUT"), (hw, p.status)
     params = wl.init(0)[0]  # real parameters too: jit drops the attention init computes
     assert jax.tree.map(lambda x: x.shape, params) == jax.tree.map(lambda s: s.shape, wl.args[0])
+
+
+def test_the_libraries_extra_pins_the_versions_installed_here():
+    """The ``libraries`` extra's ranges hold the versions these tests run with (those known
+    to work together), each to one minor line."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    extra = tomllib.loads(text)["project"]["optional-dependencies"]["libraries"]
+    for line in extra:
+        req = Requirement(line)
+        assert any(s.operator == "<" for s in req.specifier), f"{line}: no upper bound"
+        try:
+            got = version(req.name)
+        except PackageNotFoundError:
+            continue
+        assert req.specifier.contains(got), f"{req.name} {got} installed, the extra says {line}"
