@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import autolayout as al
+from autolayout.runtime.run import reference_losses, run
 
 B, H, D = 16, 8, 8
 
@@ -102,6 +103,41 @@ def test_linen_batch_stats_are_state_named_like_the_params_and_carried_by_apply(
         assert dims[f"state/batch_stats/BatchNorm_{i}/var"] == scale
     channels = dims["params/BatchNorm_1/scale"][0]
     _check_sharded_equals_unsharded(wl, {"batch": "data", channels: "model"})
+    p = al.evaluate(wl, "cpu-8", mesh={"data": 8}, rules={"batch": "data"})
+    assert run(p, wl, steps=2).losses == pytest.approx(reference_losses(wl, steps=2), rel=1e-5)
+
+
+def test_nnx_batch_stats_are_state_named_like_the_params():
+    _needs("flax")
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.l = nnx.Linear(D, 16, use_bias=False, rngs=rngs)
+            self.bn = nnx.BatchNorm(16, momentum=0.5, rngs=rngs)
+            self.o = nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.o(nnx.relu(self.bn(self.l(x))))
+
+    graphdef = nnx.split(Net(nnx.Rngs(0)), nnx.Param, nnx.BatchStat)[0]
+
+    def part(i):
+        return lambda key: nnx.split(Net(nnx.Rngs(key)), nnx.Param, nnx.BatchStat)[i]
+
+    def loss_fn(params, state, batch):
+        model = nnx.merge(graphdef, params, state)
+        y = model(batch["x"])
+        return jnp.mean((y - batch["y"]) ** 2), nnx.split(model, nnx.Param, nnx.BatchStat)[2]
+
+    data = {"x": jax.ShapeDtypeStruct((B, D), jnp.float32),
+            "y": jax.ShapeDtypeStruct((B, 4), jnp.float32)}  # fmt: skip
+    wl = al.train_workload(loss_fn, optax.adamw(1e-2), part(1), data, lambda rng: {
+        "x": rng.standard_normal((B, D), np.float32),
+        "y": rng.standard_normal((B, 4), np.float32)}, state=part(2))  # fmt: skip
+    g = al.trace(wl)
+    dims = {g.tensors[t].path: g.tensors[t].dims for t in g.inputs}
+    assert dims["state/bn/mean"] == dims["state/bn/var"] == dims["params/bn/scale"]
 
 
 def test_state_given_as_init_is_built_by_init_state_and_the_plan_keeps_it():
