@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ._builder import _Builder
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
-from ._roles import copy_groups, path_name, program, role_names
+from ._roles import copy_groups, path_name, program, resized_name, role_names
 
 # --- dead code -------------------------------------------------------------------------------
 
@@ -236,12 +236,35 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
                     parts = [label.get(x) for x in rs]
                     if r not in label and all(parts):
                         claim(r, "*".join(p for p in parts if p), all(x in roles for x in rs))
-    for t in inputs:
-        for axis in range(len(b.shapes[t])):
-            r = root[b.key(t, axis)]
-            if r >= 0 and r not in label:
-                claim(r, f"{path_name(b.paths[t] or '')}.{axis}")
+    for t in inputs:  # a weight's axes no role names: the last its name (an output's
+        # features: ``w1``, ``router``), the one before ``_in``, others by their axis
+        free = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
+        free = [(a, r) for a, r in free if r >= 0 and r not in label]
+        name = path_name(b.paths[t] or "")
+        for k, (a, r) in enumerate(reversed(free)):
+            if r not in label:  # one name and size of every weight is one dim
+                claim(r, name if k == 0 else f"{name}_in" if k == 1 else f"{name}_ax{a}", True)
+    # a piece of a named dim that a slice, pad or concatenate resized is named after it (in
+    # either direction), and every such piece of one name and size is one dim: RoPE's halves
+    # of every unrolled layer are one ``head_dim_half``
+    sizes = program(b, data, live).sizes
+    relations = program(b, data, live).relations
+    for _ in range(4):
+        grown = False
+        for x, y in relations:
+            rx, ry = root[x], root[y]
+            for r, q in ((ry, rx), (rx, ry)):
+                if r >= 0 and q in label and r not in label:
+                    claim(r, resized_name(base_of(label[q]), sizes[q], sizes[r]), True)
+                    grown = True
+        if not grown:
+            break
     return label, taken, by_role
+
+
+def base_of(name: str) -> str:
+    """A label without the ``#k`` :func:`_claim` added (``head_dim#2`` -> ``head_dim``)."""
+    return name.split("#", 1)[0] if "#" in name else name
 
 
 def _name_dims(
@@ -261,10 +284,15 @@ def _name_dims(
             root[k] = dim.find(k)
         label, taken, by_role = _labels(b, inputs, live, data, root, fam, user_names, dim.find)
         merged = False
-        for rs in by_role.values():
-            for r in rs[1:]:
-                if sizes[r] == sizes[rs[0]] and dim.find(r) != dim.find(rs[0]):
-                    merged |= union(rs[0], r)
+        for rs in by_role.values():  # each onto the first it may join (a key sequence's
+            reps: list[int] = []  # pieces onto the queries', else onto one another)
+            for r in rs:
+                for q in reps:
+                    if sizes[r] == sizes[q] and dim.find(r) != dim.find(q) and union(q, r):
+                        merged = True
+                        break
+                else:
+                    reps.append(r)
         if not merged:
             break
 

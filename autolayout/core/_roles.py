@@ -32,6 +32,9 @@ SOFTMAX_DEPTH = 4  # same-shape ops (scale, mask, bias) between attention scores
 GENERIC_LEAVES = frozenset({"kernel", "weight", "weights", "bias", "scale", "embedding", "w", "b",
                             "params", "param", "value", "raw_value", "variables"})  # fmt: skip
 _DIGITS = re.compile(r"\d+")
+RELATION_OPS = frozenset({"slice", "split", "pad", "concatenate", "dynamic_slice",
+                          "dynamic_update_slice"})  # fmt: skip
+SPATIAL = (("length",), ("height", "width"), ("depth", "height", "width"))  # a conv's planes
 PASS_THROUGH = frozenset({"convert_element_type", "transpose", "copy", "copy_p", "reshape",
                           "squeeze", "expand_dims", "reduce_precision"})  # fmt: skip
 
@@ -124,18 +127,42 @@ class _Program:
         # reduce_max/argmax: (input, reduced axes); dots of two tensors: (op, lhs, rhs,
         # result); reshapes: (operand, result, groups)
         self.scans, self.gathers, self.reductions, self.dots, self.reshapes = [], [], [], [], []
+        self.relations: list[tuple[int, int]] = []  # (axis key in, axis key out) resized
+        self.convs: list[tuple[int, list[dict]]] = []  # (input, its spatial dims)
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
             if prim == "scan" and not op.scope:
                 self.scans.append((op, ins))
             elif prim == "gather" and len(ins) >= 2:
                 self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
+                idx = [a for a, n in enumerate(b.shapes[ins[1]]) if n > 1]
+                if idx:  # a table's rows are the positions its indices range over
+                    self.relations += [
+                        (b.key(ins[1], idx[-1]), b.key(ins[0], a))
+                        for a in op.param("gathered_axes", ())
+                    ]  # fmt: skip
             elif prim in ("reduce_max", "argmax") and ins:
                 self.reductions.append((ins[0], op.param("reduced_axes", ())))
             elif prim == "dot_general" and len(ins) == 2:
                 self.dots.append((op, ins[0], ins[1], outs[0]))
             elif prim == "reshape" and ins:
                 self.reshapes.append((ins[0], outs[0], op.param("groups", ())))
+            elif prim == "conv_general_dilated" and len(ins) == 2:
+                spatial = [dict(sp) for sp in op.param("spatial", ())]
+                self.convs.append((ins[0], spatial))
+                self.relations += [  # a strided (or transposed) conv resizes its planes
+                    (b.key(ins[0], sp["lhs"]), b.key(outs[0], sp["out"]))
+                    for sp in spatial if sp["pairing"] == "window" and sp["window"] < sp["lhs_size"]
+                ]  # fmt: skip
+            elif prim in RELATION_OPS:  # the axes a slice, pad or concatenate resizes
+                for i in ins[1:2] if prim == "dynamic_update_slice" else ins:
+                    for o in outs:
+                        if len(b.shapes[i]) == len(b.shapes[o]):
+                            self.relations += [
+                                (b.key(i, a), b.key(o, a))
+                                for a, (m, n) in enumerate(zip(b.shapes[i], b.shapes[o], strict=True))
+                                if m != n and m > 1 and n > 1
+                            ]  # fmt: skip
         self.weights = [t for t in sorted(live) if b.roles[t] == "input" and t not in data]
         self.sizes = [n for shape in b.shapes for n in shape]  # per axis key
         self.tokens = self.derived_from(b, {t for t in self.ints if len(b.shapes[t]) >= 2})
@@ -217,6 +244,14 @@ def role_names(
         if shapes[t]:
             add(r(t, 0), "batch")
     batch = {r(t, 0) for t in data if shapes[t]}
+    for t, spatial in pg.convs:  # images: the planes a conv reads of a data input, and the
+        if t in data and 1 <= len(spatial) <= 3:  # other axis (not the batch) its channels
+            planes = [sp["lhs"] for sp in spatial]
+            for a, name in zip(planes, SPATIAL[len(planes) - 1], strict=True):
+                add(r(t, a), name)
+            for a in range(1, len(shapes[t])):
+                if a not in planes:
+                    add(r(t, a), "channels")
     for t in sorted(pg.ints):
         if len(shapes[t]) == 2:
             add(r(t, 1), "seq")
@@ -364,6 +399,18 @@ def role_names(
         if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size(x) > least:
             add(x, "d_ff")
     return out
+
+
+def resized_name(name: str, n: int, m: int) -> str:
+    """The name of a piece of size ``m`` of the dim ``name`` of size ``n`` (a slice, a split,
+    a pad or a concatenate between them): ``head_dim_half`` (RoPE's halves), ``height_4th``
+    (a conv of stride 4), ``seq-1`` (the
+    shifted targets), ``seq+48`` (a table of every position sliced to the sequence); the rows
+    of a table that ``name`` indexes, of its size, are ``seq_table``."""
+    if m < n:
+        k = n // m
+        return (f"{name}_half" if k == 2 else f"{name}_{k}th") if n % m == 0 else f"{name}-{n - m}"
+    return f"{name}+{m - n}" if m > n else f"{name}_table"
 
 
 def path_name(path: str) -> str:
