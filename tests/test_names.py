@@ -128,3 +128,25 @@ def test_a_weight_is_named_without_its_axis_index():
     g = al.trace(al.Workload(step, (params, al.spec((8, 12), (None, None)))))
     assert set(g.dims) >= {"w1", "w2"} and not bad_names(g), g.dims
     assert g.dims["w1"] == 24 and g.dims["w2"] == 20
+
+
+def test_a_model_is_named_after_its_file_unless_it_says_otherwise(tmp_path):
+    """Issue 35: models built with ``al.train_workload`` were named ``loss_fn``; a model
+    file's workload is named after the file unless ``name=`` gives one."""
+    import autolayout as al
+    from conftest import MODELS
+
+    assert al.load_workload(MODELS / "tagged_mlp.py").name == "tagged_mlp"
+    src = (
+        "import jax, jax.numpy as jnp, optax\nimport autolayout as al\n\n\n"
+        "def workload(name=None):\n"
+        "    def loss_fn(p, b):\n"
+        "        return jnp.mean((b['x'] @ p['w']) ** 2)\n\n"
+        "    params = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}\n"
+        "    batch = {'x': jax.ShapeDtypeStruct((4, 8), jnp.float32)}\n"
+        "    make = lambda rng: {'x': rng.standard_normal((4, 8), 'float32')}\n"
+        "    return al.train_workload(loss_fn, optax.sgd(0.1), params, batch, make, name=name)\n"
+    )
+    (tmp_path / "my_model.py").write_text(src)
+    assert al.load_workload(tmp_path / "my_model.py").name == "my_model"
+    assert al.load_workload(tmp_path / "my_model.py", name="mine").name == "mine"

@@ -104,7 +104,7 @@ def train_workload(
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
         return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
 
-    return Workload(
+    wl = Workload(
         train_step,
         (params, opt_state, batch),
         donate_argnums=(0, 1),
@@ -114,6 +114,7 @@ def train_workload(
         batches=batches,
         options=options,
     )
+    return _named_by_default(wl, name)
 
 
 def _initialiser(given: Any, what: str) -> tuple[Any, Callable, Callable]:
@@ -189,7 +190,7 @@ def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name,
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
         return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
 
-    return Workload(
+    wl = Workload(
         train_step,
         (params, opt_state, state, batch),
         donate_argnums=(0, 1, 2),
@@ -199,6 +200,7 @@ def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name,
         batches=batches,
         options=options,
     )
+    return _named_by_default(wl, name)
 
 
 ACCUMULATION = "accumulation"  # the options' key: the microbatches a step accumulates over
@@ -416,3 +418,11 @@ def _hash_normal(shape: tuple[int, ...], seed: jax.Array, stream: int) -> jax.Ar
     u1 = (_mix(idx * jnp.uint32(2) + base) >> 8).astype(jnp.float32) / 2**24
     u2 = (_mix(idx * jnp.uint32(2) + jnp.uint32(1) + base) >> 8).astype(jnp.float32) / 2**24
     return jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * jnp.pi * u2)
+
+
+def _named_by_default(wl: Workload, name: str | None) -> Workload:
+    """Marks a workload whose name the user did not give (the loss function's, ``loss_fn``):
+    ``load_workload`` names it after its model file instead (issue 35)."""
+    if not name:
+        object.__setattr__(wl, "name_by_default", True)
+    return wl

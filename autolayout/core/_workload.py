@@ -334,6 +334,8 @@ def load_workload(path: str | Path, *, target: Any = None, **options: Any) -> Wo
                 f"{name} as {'a whole number' if isinstance(used, int) else 'a number'}"
             )
     object.__setattr__(wl, "loaded_for", loaded_for)
+    if not wl.name or getattr(wl, "name_by_default", False):  # not named: after its file
+        object.__setattr__(wl, "name", p.stem)
     return wl
 
 
