@@ -17,6 +17,7 @@ from .memory import lifetimes as lifetimes
 from .memory import liveness_peak as liveness_peak
 from .pipeline import RUNNABLE as RUNNABLE
 from .pipeline import SCHEDULES as SCHEDULES
+from .pipeline import edge_conflict as edge_conflict
 from .pipeline import flops_as_compiled as flops_as_compiled
 from .pipeline import pipelined_plan as pipelined_plan
 from .pipeline import price_pipeline as price_pipeline

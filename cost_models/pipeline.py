@@ -122,6 +122,38 @@ def part_of(stage: Plan, stack: Stack) -> dict[str, str]:
     }  # fmt: skip
 
 
+def edge_conflict(stage: Plan, stack: Stack) -> str | None:
+    """Why a pipelined plan of ``stage`` is not priced as XLA compiles it, else ``None``: an
+    edge matmul (outside the pipelined scans) whose result has a dim on a mesh axis that
+    also splits the batch it contracts. Outside the scans the ``stage`` axis is free, and
+    XLA's dot partitioner uses it (the head's weight gradient with ``vocab`` and ``batch`` on
+    one axis, 4 stages of 2 CPU devices: FLOPs 0.90x, permutes 1.29x), where the price
+    assumes one stage's mesh. The search does not pick such a plan."""
+    g, where = stage.graph, part_of(stage, stack)
+    for op in g.ops:
+        if op.primitive != "dot_general" or where.get(op.name, "edge") != "edge":
+            continue
+        batch_axes = {
+            a
+            for t in op.inputs
+            for d, axes in zip(g.tensors[t].dims, stage.layouts[t], strict=True)
+            if d == stack.batch
+            for a in axes
+        }
+        out = g.tensors[op.outputs[0]]
+        if stack.batch in out.dims:
+            continue  # the batch is kept, not contracted
+        for d, axes in zip(out.dims, stage.layouts[op.outputs[0]], strict=True):
+            shared = batch_axes & set(axes)
+            if d is not None and shared:
+                return (
+                    f"{op.name}: its result's {d} and the batch it sums over share mesh axis "
+                    f"{sorted(shared)[0]}; outside the pipelined scans XLA splits it over the "
+                    "stage axis too, which the price does not follow"
+                )
+    return None
+
+
 def _parts(
     stage: Plan, stack: Stack, reduce_once: bool, hw: Hardware, stages: int
 ) -> dict[str, list[float]]:

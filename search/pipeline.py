@@ -25,7 +25,13 @@ from autolayout.core import (
     stage_workload,
     trace,
 )
-from autolayout.cost_models import RUNNABLE, evaluate, pipelined_plan, stage_hardware
+from autolayout.cost_models import (
+    RUNNABLE,
+    edge_conflict,
+    evaluate,
+    pipelined_plan,
+    stage_hardware,
+)
 
 from .baselines import standard_layouts
 from .clock import Clock, charge, now
@@ -78,14 +84,17 @@ def _row(status: str, P: int, M: int, stage: Plan, pp: Plan) -> dict[str, Any]:
             "fits": bool(s["fits"]), "bubble": s["pipeline"]["bubble"]}  # fmt: skip
 
 
-def _hand_best(swl: Workload, sg: Graph, sub: Hardware) -> Plan | None:
-    """The fastest fitting standard layout of one stage's step (else the least memory)."""
+def _hand_best(swl: Workload, sg: Graph, sub: Hardware, stack) -> Plan | None:
+    """The fastest fitting standard layout of one stage's step (else the least memory), of
+    those priced as XLA compiles them pipelined (:func:`edge_conflict`)."""
     best, key = None, None
     for mesh, rules in standard_layouts(sg, sub.num_devices).values():
         charge(Clock.final_work(len(sg.ops)))  # priced exactly, as a plan's winner is
         try:
             p = evaluate(swl, sub, mesh=mesh, rules=rules, graph=sg)
         except AutolayoutError:
+            continue
+        if edge_conflict(p, stack) is not None:
             continue
         s = p.predicted
         k = rank(s)
@@ -146,7 +155,7 @@ def plan_pipelined(
             tried.append({"stages": P, "microbatches": M, "status": "ERROR",
                           "error": f"{type(e).__name__}: {e}"[:200]})  # fmt: skip
             return
-        best = _hand_best(swl, sg, sub)
+        best = _hand_best(swl, sg, sub, stack)
         if best is None:
             return
         pp = pipelined_plan(workload, g, hw, best, stack, P, M, schedule, memory_limit=limit)
@@ -185,6 +194,9 @@ def plan_pipelined(
             tried.append({"stages": P, "microbatches": M, "status": "ERROR", "error": str(e)})
             continue
         if inner.status == "INFEASIBLE":
+            continue
+        if (why := edge_conflict(inner, stack)) is not None:  # not priced as XLA compiles it
+            tried.append({"stages": P, "microbatches": M, "status": "REFUSED", "error": why})
             continue
         full = pipelined_plan(workload, g, hw, inner, stack, P, M, schedule, memory_limit=limit)
         tried.append(_row("SEARCHED", P, M, inner, full))

@@ -8,9 +8,9 @@ The models run at small sizes (one layer where they take it) so that the sweep f
 suite's budget (59 cases, 3:45 on this 2-core machine under other load). Four wrappers sweep
 the 2-axis shapes only (``SOME``: Keras GPT-2, HF BERT and T5, the Equinox ViT, 3-6 s a
 plan), the others every shape. Pipelines of 2 and 4 stages: each stage plan the pipeline
-search would make. (4 stages of 2 devices failed before the ILP's cover rows: the stage plan
-put ``vocab`` and ``batch`` on one axis, and XLA partitioned the head's weight gradient over
-the stage axis the edge ops leave free; that layout is still mispriced, and no longer chosen.)
+search would make: a stage plan whose edge matmul puts its result's dim and the batch it
+sums on one axis (``cost_models.pipeline.edge_conflict``: XLA then splits it over the free
+stage axis, FLOPs 0.90x, permutes 1.29x) is refused by the pipeline search, and skipped here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 import autolayout as al
 from autolayout.core import find_stack, stage_workload
-from autolayout.cost_models import pipelined_plan, stage_hardware
+from autolayout.cost_models import edge_conflict, pipelined_plan, stage_hardware
 from autolayout.search.meshes import mesh_shapes
 from conftest import MODELS
 
@@ -94,11 +94,17 @@ def test_pipelined_plans_compile_as_predicted(stages):
     g = al.trace(wl)
     stack = find_stack(g)
     swl, sub = stage_workload(wl, g, stack, stages, 4), stage_hardware(hw, stages)
+    checked = 0
     for inner in mesh_shapes(sub):
         stage = al.plan(swl, sub, mesh=inner, time_limit_s=BUDGET_S, deterministic=True)
+        if edge_conflict(stage, stack) is not None:
+            continue  # the pipeline search refuses it (search/pipeline.py): not a plan it returns
         plan = pipelined_plan(wl, g, hw, stage, stack, stages, 4)
         assert plan.mesh == {"stage": stages, **inner}
         _checked(plan, wl)
+        checked += 1
+    if stages == 2:  # no 2-stage plan of this model is refused: all of them validate
+        assert checked == len(mesh_shapes(sub))
 
 
 def test_the_sweep_covers_every_model_file():
