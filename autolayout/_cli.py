@@ -44,6 +44,7 @@ from .core import (
     remat_for_plan,
     report_text,
     rule_lines,
+    shown_strategies,
     status_text,
     trace,
 )
@@ -370,9 +371,11 @@ def _print_plan(plan, out: str | None) -> None:
         + ":"
     )
     w = _width()
+    shown = shown_strategies([r.strategy for r in rows])
     for r in rows:
         where = f"{r.op} ({r.layer})" if r.layer else r.op
-        line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {r.strategy or 'replicated'}"
+        how = shown.get(r.strategy) or "replicated"
+        line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {how}"
         click.echo(_fit(line, w))
     opaque = (plan.solver or {}).get("opaque") or []
     if opaque:

@@ -185,3 +185,13 @@ def test_a_plan_writes_one_rule_for_a_name_whose_sizes_share_axes(mtf):
     assert _merged_sizes(g, same)[0] == ("depth", ("space",))
     split = [(depths[0], ("space",)), (depths[1], ("data",))]
     assert _merged_sizes(g, split) == split
+
+
+def test_tables_show_kd_alone_and_its_sizes_where_two_meet():
+    """Reports show ``kd``, and ``kd(3)`` / ``kd(2)`` where two sizes meet in one table."""
+    from autolayout.core import shown_strategies
+
+    one = shown_strategies(["kd(3):space,batch:data", "c(8):model"])
+    assert one == {"kd(3):space,batch:data": "kd:space,batch:data", "c(8):model": "c:model"}
+    two = shown_strategies(["kd(3):x", "kd(2):y"])
+    assert two == {"kd(3):x": "kd(3):x", "kd(2):y": "kd(2):y"}

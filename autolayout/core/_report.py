@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import PlanError
-from ._ir import Tensor, per_graph
+from ._ir import Tensor, per_graph, shown_names
 from ._layout import local_bytes, mesh_text
 
 if TYPE_CHECKING:
@@ -295,6 +295,22 @@ def _time_unit(x: float) -> tuple[str, float]:
 # --- terminal text ----------------------------------------------------------------------------
 
 
+def shown_strategies(strategies: list[str]) -> dict[str, str]:
+    """Strategies (``kd(3):space,batch:data``) as one table shows them (Mesh-TF's dims, issue
+    39): a dim of a name given to several sizes reads ``kd`` where no other size of it is in
+    the table, ``kd(3)`` and ``kd(2)`` where both are (:func:`shown_names`)."""
+    dims = {d for s in strategies if s for d in _STRATEGY_DIM.findall(s)}
+    names = shown_names(dims)
+    return {
+        s: _STRATEGY_DIM.sub(lambda m: names.get(m.group(1), m.group(1)) + ":", s)
+        for s in strategies
+        if s
+    }
+
+
+_STRATEGY_DIM = re.compile(r"([^,:]+):")
+
+
 def report_text(
     plan: Plan, *, width: int = 80, by: str = "layer", top: int = 10, title: str = ""
 ) -> str:
@@ -311,8 +327,9 @@ def report_text(
     df = top_ops(plan, top)
     looped = int(df.trips.max()) if len(df) else 1
     unit, f = _time_unit(float(df.time_s.max()) if len(df) else 0.0)
+    shown = shown_strategies([r.strategy for r in df.itertuples()])
     rows = [[r.op, r.layer, _num(r.time_s / f), str(r.trips), r.collective or "-",
-             r.strategy or "replicated"] for r in df.itertuples()]  # fmt: skip
+             shown.get(r.strategy) or "replicated"] for r in df.itertuples()]  # fmt: skip
     head = f"costliest {len(rows)} ops: time per step ({unit})"
     if looped > 1:
         head += "; an op run N times a step (runs: a loop's trips) is summed over its runs"
