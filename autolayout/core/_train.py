@@ -104,17 +104,8 @@ def train_workload(
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
         return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
 
-    wl = Workload(
-        train_step,
-        (params, opt_state, batch),
-        donate_argnums=(0, 1),
-        name=name or getattr(loss_fn, "__name__", "train_step"),
-        init=init,
-        init_state=init_state,
-        batches=batches,
-        options=options,
-    )
-    return _named_by_default(wl, name)
+    makers = (init, init_state, batches)
+    return _built(train_step, (params, opt_state, batch), (0, 1), name, loss_fn, makers, options)
 
 
 def _initialiser(given: Any, what: str) -> tuple[Any, Callable, Callable]:
@@ -190,17 +181,8 @@ def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name,
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
         return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
 
-    wl = Workload(
-        train_step,
-        (params, opt_state, state, batch),
-        donate_argnums=(0, 1, 2),
-        name=name or getattr(loss_fn, "__name__", "train_step"),
-        init=init,
-        init_state=init_state,
-        batches=batches,
-        options=options,
-    )
-    return _named_by_default(wl, name)
+    makers, args = (init, init_state, batches), (params, opt_state, state, batch)
+    return _built(train_step, args, (0, 1, 2), name, loss_fn, makers, options)
 
 
 ACCUMULATION = "accumulation"  # the options' key: the microbatches a step accumulates over
@@ -420,9 +402,13 @@ def _hash_normal(shape: tuple[int, ...], seed: jax.Array, stream: int) -> jax.Ar
     return jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * jnp.pi * u2)
 
 
-def _named_by_default(wl: Workload, name: str | None) -> Workload:
-    """Marks a workload whose name the user did not give (the loss function's, ``loss_fn``):
-    ``load_workload`` names it after its model file instead (issue 35)."""
+def _built(step, args, donate, name, loss_fn, makers, options) -> Workload:
+    """The train step's workload, named ``name`` or the loss function's (``loss_fn``) and
+    then marked so, for ``load_workload`` to name it after its model file (issue 35)."""
+    init, init_state, batches = makers
+    wl = Workload(step, args, donate_argnums=donate,
+                  name=name or getattr(loss_fn, "__name__", "train_step"), init=init,
+                  init_state=init_state, batches=batches, options=options)  # fmt: skip
     if not name:
         object.__setattr__(wl, "name_by_default", True)
     return wl
