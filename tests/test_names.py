@@ -20,8 +20,6 @@ LIBRARY = {"hf_": "transformers", "eqx_": "equinox", "keras_": "keras", "nnx_": 
 
 # what the naming does not yet name from structure, per model (each one fails today)
 NOT_YET = {
-    "corpus/cnn.py": "pooling's planes (reduce_window), dropout's random bits and the flatten "
-    "reshape have no role",
     "corpus/moe_rotary.py": "jnp.stack's new axis, iota-built rotary tables and the experts' "
     "reshapes have no role",
     "corpus/resnet.py": "pooling's planes, depthwise convs' reshapes; BatchNorm betas of "
@@ -34,7 +32,6 @@ NOT_YET = {
     "libraries/hf_mistral.py": "as hf_llama.py",
     "libraries/hf_t5.py": "encoder and decoder sequences and relative-position buckets meet "
     "in one family: seq#2, seq#4, seq#5 of other families than seq",
-    "my_transformer.py": "the fused wqkv's 3*heads*head_dim is taken for a second d_ff (d_ff#2)",
     "t5.py": "the decoder's self-attention keys (seq#2) are of another family than seq",
 }
 

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ._builder import _Builder
+from ._dim_rules import reshape_groups
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
 from ._roles import copy_groups, path_name, program, resized_name, role_names
 
@@ -66,7 +67,23 @@ def _eliminate_dead(b: _Builder, outs: list[int]) -> set[int]:
             for k in range(1, len(group)):
                 t, a = group[k]
                 links.append((k0, offsets[t] + a))
+    links += _transposed_reshapes(b)
     return live
+
+
+def _transposed_reshapes(b: _Builder) -> list[tuple[int, int]]:
+    """The axes a reshape with a transposition (``lax.reshape(x, shape, dimensions)``: a
+    depthwise conv's kernel gradient) keeps whole, linked for naming only: the op keeps
+    every axis whole, as no split passes through it."""
+    out = []
+    for op, (ins, outs) in zip(b.ops, b.io, strict=True):
+        perm = op.param("dimensions", ()) if op.primitive == "reshape" else ()
+        if perm and ins:
+            src = b.shapes[ins[0]]
+            for ga, gc in reshape_groups(tuple(src[d] for d in perm), b.shapes[outs[0]]):
+                if len(ga) == 1 and len(gc) == 1:
+                    out.append((b.key(ins[0], perm[ga[0]]), b.key(outs[0], gc[0])))
+    return out
 
 
 # --- naming -----------------------------------------------------------------------------------
@@ -247,15 +264,22 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
     # a piece of a named dim that a slice, pad or concatenate resized is named after it (in
     # either direction), and every such piece of one name and size is one dim: RoPE's halves
     # of every unrolled layer are one ``head_dim_half``
+    # (named after the dim it was resized from first: a pooled plane's pooling is
+    # ``height_4th``, not ``height_half_half``)
     sizes = program(b, data, live).sizes
     relations = program(b, data, live).relations
+    origin: dict[int, tuple[str, int]] = {}
     for _ in range(4):
         grown = False
         for x, y in relations:
             rx, ry = root[x], root[y]
             for r, q in ((ry, rx), (rx, ry)):
                 if r >= 0 and q in label and r not in label:
-                    claim(r, resized_name(base_of(label[q]), sizes[q], sizes[r]), True)
+                    name, n = origin.get(q) or (base_of(label[q]), sizes[q])
+                    if n == sizes[r]:  # back to the first size: from the last one
+                        name, n = base_of(label[q]), sizes[q]
+                    claim(r, resized_name(name, n, sizes[r]), True)
+                    origin[r] = (name, n)
                     grown = True
         if not grown:
             break

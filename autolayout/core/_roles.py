@@ -32,8 +32,12 @@ SOFTMAX_DEPTH = 4  # same-shape ops (scale, mask, bias) between attention scores
 GENERIC_LEAVES = frozenset({"kernel", "weight", "weights", "bias", "scale", "embedding", "w", "b",
                             "params", "param", "value", "raw_value", "variables"})  # fmt: skip
 _DIGITS = re.compile(r"\d+")
+_INDEX = re.compile(r"(?<=/)\d+(?=/|$)")  # a layer's index in a path: layers/17/mlp
 RELATION_OPS = frozenset({"slice", "split", "pad", "concatenate", "dynamic_slice",
                           "dynamic_update_slice"})  # fmt: skip
+WINDOW_OPS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min",
+                        "reduce_window", "select_and_scatter_add", "select_and_scatter",
+                        "select_and_gather_add"})  # fmt: skip
 SPATIAL = (("length",), ("height", "width"), ("depth", "height", "width"))  # a conv's planes
 PASS_THROUGH = frozenset({"convert_element_type", "transpose", "copy", "copy_p", "reshape",
                           "squeeze", "expand_dims", "reduce_precision"})  # fmt: skip
@@ -153,6 +157,13 @@ class _Program:
                 self.relations += [  # a strided (or transposed) conv resizes its planes
                     (b.key(ins[0], sp["lhs"]), b.key(outs[0], sp["out"]))
                     for sp in spatial if sp["pairing"] == "window" and sp["window"] < sp["lhs_size"]
+                ]  # fmt: skip
+            elif prim in WINDOW_OPS:  # pooling resizes its planes (and its gradient)
+                self.relations += [
+                    (b.key(i, a), b.key(o, a))
+                    for i in ins for o in outs if len(b.shapes[i]) == len(b.shapes[o])
+                    for a, w in enumerate(op.param("window", ()))
+                    if (w, op.param("strides")[a], op.param("padding")[a]) != (1, 1, (0, 0))
                 ]  # fmt: skip
             elif prim in RELATION_OPS:  # the axes a slice, pad or concatenate resizes
                 for i in ins[1:2] if prim == "dynamic_update_slice" else ins:
@@ -395,8 +406,10 @@ def role_names(
         return pg.sizes[x] if x >= 0 else 0
 
     least = min((size(x) for x in dm), default=0) // 4  # not a stacked q/k/v axis
-    for x in sorted(made):  # two weights at least: in and out (and a gate)
-        if x not in skip and x in eaten and len(made[x] | eaten[x]) >= 2 and size(x) > least:
+    for x in sorted(made):  # two weights at least: in and out (and a gate), not copies of
+        # one weight in every layer (a fused q/k/v projection makes and eats its own)
+        kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
+        if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
     return out
 
