@@ -44,6 +44,27 @@ def norm_relu(x, scale):
     return jax.nn.relu((x - mean) * lax.rsqrt(var + 1e-5) * scale)
 
 
+def unet_loss(params, batch, down) -> jax.Array:
+    """The U-Net's loss: an encoder of conv, norm and strided conv levels, a decoder of
+    transposed convs joined to the skips; ``down(x, level)`` names each downsampled
+    activation's dims."""
+    x = conv(batch["image"], params["stem"])
+    skips = []
+    n = len(params["enc"])
+    for i, p in enumerate(params["enc"]):
+        with jax.named_scope(f"enc.{i}"):
+            x = norm_relu(conv(x, p["conv"]), p["scale"])
+            if i < n - 1:
+                skips.append(x)
+                x = down(conv(x, p["down"], stride=2), i)
+    for i, (p, skip) in enumerate(zip(params["dec"], reversed(skips), strict=True)):
+        with jax.named_scope(f"dec.{i}"):
+            x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
+            x = norm_relu(conv(x, p["conv"]), p["scale"])
+    logits = conv(x, params["head"])
+    return nn.cross_entropy(logits, batch["labels"])
+
+
 def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Workload:
     c = nn.config(SIZES, size, overrides, "size, dtype")
     B, V, C, n, cin, K = (
@@ -83,21 +104,10 @@ def workload(size: str = "tiny", dtype: str = "float32", **overrides) -> al.Work
     }
 
     def loss_fn(params, batch):
-        x = conv(batch["image"], params["stem"])
-        skips = []
-        for i, p in enumerate(params["enc"]):
-            with jax.named_scope(f"enc.{i}"):
-                x = norm_relu(conv(x, p["conv"]), p["scale"])
-                if i < n - 1:
-                    skips.append(x)
-                    x = conv(x, p["down"], stride=2)
-                    x = al.name_dims(x, ("batch", *(f"{s}/{2 ** (i + 1)}" for s in space), None))
-        for i, (p, skip) in enumerate(zip(params["dec"], reversed(skips), strict=True)):
-            with jax.named_scope(f"dec.{i}"):
-                x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
-                x = norm_relu(conv(x, p["conv"]), p["scale"])
-        logits = conv(x, params["head"])
-        return nn.cross_entropy(logits, batch["labels"])
+        def down(x, i):  # level i+1's planes: depth/2, height/2, ... (their own dims)
+            return al.name_dims(x, ("batch", *(f"{s}/{2 ** (i + 1)}" for s in space), None))
+
+        return unet_loss(params, batch, down)
 
     def make_batch(rng):
         return {

@@ -17,11 +17,10 @@ level.
 from __future__ import annotations
 
 import _blocks as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from unet3d import SIZES, conv, norm_relu, up  # the same network, but for the names
+from unet3d import SIZES, unet_loss  # the same network, but for the names
 
 import autolayout as al
 
@@ -79,20 +78,7 @@ def workload(
     }
 
     def loss_fn(params, batch):
-        x = conv(batch["image"], params["stem"])
-        skips = []
-        for i, p in enumerate(params["enc"]):
-            with jax.named_scope(f"enc.{i}"):
-                x = norm_relu(conv(x, p["conv"]), p["scale"])
-                if i < n - 1:
-                    skips.append(x)
-                    x = name_dims(conv(x, p["down"], stride=2), ("batch", *SPACE, "c"))
-        for i, (p, skip) in enumerate(zip(params["dec"], reversed(skips), strict=True)):
-            with jax.named_scope(f"dec.{i}"):
-                x = jnp.concatenate([up(x, p["up"]), skip], axis=-1)
-                x = norm_relu(conv(x, p["conv"]), p["scale"])
-        logits = conv(x, params["head"])
-        return nn.cross_entropy(logits, batch["labels"])
+        return unet_loss(params, batch, lambda x, i: name_dims(x, ("batch", *SPACE, "c")))
 
     def make_batch(rng):
         image = np.asarray(rng.standard_normal((B, V, V, V, cin)), dt)
