@@ -20,10 +20,18 @@ from .structure import Structure
 
 
 def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
-    """Generic mesh axes named after what they split: the batch only ``data``, the batch (of
-    an input, or of the activations) and weights ``fsdp``, a conv's spatial dims only (of the inputs, or where no input is split,
-    of the activations) ``space``, nothing at all ``replica`` (its devices repeat the work),
-    else ``model``. A mesh the user gave keeps its names."""
+    """Generic mesh axes named after what they split, as Megatron-LM and MaxText name them:
+    a weight's experts dim ``expert``; weights and the batch (of an input, or of the
+    activations) ``fsdp``; weights and not the batch ``tensor``; the batch only ``data``; a
+    conv's spatial dims only (of the inputs, or where no input is split, of the activations)
+    ``space``; the sequence dims only (of the tokens, the activations, a position table) ``seq``;
+    nothing at all ``replica`` (its devices repeat the work); else (an activation's heads or
+    hidden units, no weight) ``tensor``. A second axis of one name is ``tensor2``, ...
+    A mesh the user gave keeps its names. Weights are the inputs without the batch dim; a
+    dim is experts or sequence by its name, ``#`` and size left out (``seq#2``, the tracer's
+    ``seq`` by role, the token inputs' ``enc_seq``)."""
+    from .baselines import seq_dims
+
     req = r.request
     if r.named:
         return {a: a for a in req.machine.mesh}
@@ -33,13 +41,34 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     except RuleError:
         pass
     space = {d for sl in spatial_dims(g) for d in sl}
+
+    def root(d: str) -> str:
+        return base_name(d).split("#")[0]
+
+    seqs = {root(d) for d in seq_dims(g)} | {"seq"}
+
+    def kind(d: str | None, weight: bool) -> str:
+        if d is None:
+            return "param" if weight else "act"
+        if d == batch:
+            return "batch"
+        if d in space:
+            return "space"
+        b = root(d)
+        if b in ("experts", "expert"):
+            return "expert"
+        if b in seqs or b.endswith("_seq"):
+            return "seq"
+        return "param" if weight else "act"
+
     layouts = req.layouts_of(choice)
     splits: dict[str, set[str]] = {a: set() for a in req.machine.mesh}
     for t in g.inputs:
         tt = g.tensors[t]
+        weight = batch is None or batch not in tt.dims  # a batch input's other dims: activations
         for d, axes in zip(tt.dims, layouts[t], strict=True):
             for a in axes:
-                splits[a].add("batch" if d == batch else "space" if d in space else "param")
+                splits[a].add(kind(d, weight))
     if batch is not None:  # the batch split inside the step only (the input read whole and
         # sliced for free) is still a batch split: FSDP's axis shows as fsdp
         for t, lay in layouts.items():
@@ -47,16 +76,19 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
             if batch in tt.dims:
                 for a in lay[tt.dims.index(batch)]:
                     splits[a].add("batch")
-    quiet = [a for a, s in splits.items() if not s]
-    if quiet and space:  # an axis no input uses may split the volume inside the step
+    # an axis that splits no weight and no batch (no input at all, or only the tokens'
+    # sequence) is named after what it splits inside the step: the volume, the sequence,
+    # else the activations' other dims (tensor parallelism without a weight split)
+    inner = [a for a, s in splits.items() if s <= {"seq", "act"}]
+    if inner:
         for t, lay in layouts.items():
             for d, axes in zip(g.tensors[t].dims, lay, strict=True):
                 for a in axes:
-                    if a in quiet and d in space:
-                        splits[a].add("space")
+                    if a in inner:
+                        splits[a].add(kind(d, False))
+    quiet = [a for a in inner if not splits[a]]
     if quiet:  # an axis no tensor uses at all holds replicas: named so, not after a role
-        touched = {a for lay in layouts.values() for axes in lay for a in axes}
-        touched |= {  # an op may split a summed dim on it (partial sums): it divides work
+        touched = {  # an op may split a summed dim on it (partial sums): it divides work
             a for assign in req.assigns_of(choice).values() for axes in assign for a in axes
         }
         for a in quiet:
@@ -67,13 +99,14 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     for a in req.machine.mesh:
         s = splits[a]
         name = (
-            "data" if s == {"batch"}
-            else "fsdp" if s == {"batch", "param"}
-            else "space" if s == {"space"}
+            "expert" if "expert" in s
+            else ("fsdp" if "batch" in s else "tensor") if "param" in s
+            else "data" if "batch" in s
+            else "space" if "space" in s
+            else "seq" if s == {"seq"}
             else "replica" if s == {"replica"}
-            else "model"
+            else "tensor"
         )  # fmt: skip
-        # an axis that splits no input splits activations only: model parallelism too
         k, base = 2, name
         while name in used:
             name, k = f"{base}{k}", k + 1
