@@ -22,14 +22,7 @@ LIBRARY = {"hf_": "transformers", "eqx_": "equinox", "keras_": "keras", "nnx_": 
 NOT_YET = {
     "corpus/moe_rotary.py": "jnp.stack's new axis, iota-built rotary tables and the experts' "
     "reshapes have no role",
-    "corpus/resnet.py": "pooling's planes, depthwise convs' reshapes; BatchNorm betas of "
-    "several sizes are beta, beta#2, beta#3",
-    "libraries/eqx_vit.py": "the patch conv runs under vmap, so the image planes a conv reads "
-    "are not found on the data input",
     "libraries/hf_bert.py": "the head mask [layers, heads] is built by broadcast, no role",
-    "libraries/hf_llama.py": "at tiny size the causal mask is max positions (64) square, "
-    "sliced to seq (16): its second axis is seq+48#2, of another family than seq+48",
-    "libraries/hf_mistral.py": "as hf_llama.py",
     "libraries/hf_t5.py": "encoder and decoder sequences and relative-position buckets meet "
     "in one family: seq#2, seq#4, seq#5 of other families than seq",
     "t5.py": "the decoder's self-attention keys (seq#2) are of another family than seq",

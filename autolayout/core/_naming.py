@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ._builder import _Builder
 from ._dim_rules import reshape_groups
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
-from ._roles import copy_groups, path_name, program, resized_name, role_names
+from ._roles import copy_groups, path_names, program, resized_name, role_names
 
 # --- dead code -------------------------------------------------------------------------------
 
@@ -216,26 +216,31 @@ def _dims(
     return uf, names, union
 
 
-def _claim(label: dict[int, str], taken: set[str], r: int, name: str) -> None:
-    """Names root ``r`` ``name``, or ``name#2``, ``name#3``... where that is taken."""
+def _claim(label: dict[int, str], taken: dict[str, int], r: int, name: str, family: int) -> None:
+    """Names root ``r`` (of ``family``) ``name``, or ``name#2``, ``name#3``... where that is
+    taken."""
     base, k = name, 2
     while name in taken:
         name, k = f"{base}#{k}", k + 1
     label[r] = name
-    taken.add(name)
+    taken[name] = family
 
 
 def _labels(b, inputs, live, data, root, fam, user_names, find):
-    """Names from the user, by role, of reshapes' merges and of weights' paths: ``(label per
-    root, the names taken, the roots of each role name and role merge)``."""
+    """Names from the user, by role, of reshapes' merges and splits, of resized pieces and of
+    weights' paths: ``(label per root, the names taken, the roots of each role name)``."""
     label: dict[int, str] = {}
-    taken: set[str] = set()
+    taken: dict[str, int] = {}  # name -> the family of the root that took it
     by_role: dict[str, list[int]] = {}
+    pg = program(b, data, live)
 
     def claim(r: int, name: str, role: bool = False) -> None:
-        _claim(label, taken, r, name)
+        _claim(label, taken, r, name, fam.find(r))
         if role:
             by_role.setdefault(name, []).append(r)
+
+    def free(name: str, r: int) -> bool:  # ``name#k`` would be a dim of the family ``name``'s
+        return taken.get(name, fam.find(r)) == fam.find(r)
 
     for r, n in user_names.items():
         if find(r) == r:
@@ -243,47 +248,82 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
     for r, n in role_names(b, root, fam.find, data, live, lambda r: r in label):
         if r not in label:
             claim(r, n, True)
-    roles = {r for rs in by_role.values() for r in rs}
-    for src, dst, groups in program(b, data, live).reshapes:  # dims a reshape merged or split
-        for ga, gc in groups:
-            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
-                if len(one) == 1 and len(many) > 1:
-                    r = root[b.key(t1, one[0])]
-                    rs = [root[b.key(tm, a)] for a in many]
-                    parts = [label.get(x) for x in rs]
-                    if r not in label and all(parts):
-                        claim(r, "*".join(p for p in parts if p), all(x in roles for x in rs))
+    origin: dict[int, tuple[str, int]] = {}
+    _grow(b, pg, root, label, claim, origin, pg.relations, False)  # the user's, the roles'
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
-        free = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
-        free = [(a, r) for a, r in free if r >= 0 and r not in label]
-        name = path_name(b.paths[t] or "")
-        for k, (a, r) in enumerate(reversed(free)):
-            if r not in label:  # one name and size of every weight is one dim
-                claim(r, name if k == 0 else f"{name}_in" if k == 1 else f"{name}_ax{a}", True)
-    # a piece of a named dim that a slice, pad or concatenate resized is named after it (in
-    # either direction), and every such piece of one name and size is one dim: RoPE's halves
-    # of every unrolled layer are one ``head_dim_half``
-    # (named after the dim it was resized from first: a pooled plane's pooling is
-    # ``height_4th``, not ``height_half_half``)
-    sizes = program(b, data, live).sizes
-    relations = program(b, data, live).relations
-    origin: dict[int, tuple[str, int]] = {}
-    for _ in range(4):
+        axes = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
+        axes = [(a, r) for a, r in axes if r >= 0 and r not in label]
+        names = path_names(b.paths[t] or "")
+        for k, (a, r) in enumerate(reversed(axes)):
+            if r not in label:  # one name and size of every weight is one dim; the weight's
+                # module's where another family has it (BatchNorm's beta of two widths)
+                tries = [n if k == 0 else f"{n}_in" if k == 1 else f"{n}_ax{a}" for n in names]
+                claim(r, next((n for n in tries if free(n, r)), tries[0]), True)
+    _grow(b, pg, root, label, claim, origin, pg.relations + pg.tables, True)
+    return label, taken, by_role
+
+
+SPLIT_PARTS = ("outer", "mid", "inner")
+
+
+def _grow(b, pg, root, label, claim, origin, relations, wider: bool) -> None:
+    """Names what a named dim's structure shows, until nothing more is named: the dim a
+    reshape merges named dims into (``heads*head_dim``), the parts a reshape splits a named
+    dim into (``X_outer``, ``X_inner``) and a piece of a named dim that a slice, pad,
+    concatenate or pooling resized (in either direction), named after the dim it was
+    resized from first (``height_4th``, not ``height_half_half``; a piece back at that
+    dim's size is that dim: RoPE's interleaved halves make ``head_dim`` again). Every such
+    name of one size is one dim: RoPE's halves of every unrolled layer are one
+    ``head_dim_half``. Only pieces of a dim, and the dim they make again, unless ``wider``
+    (a table of 64 positions, ``seq+48``; a fused projection's three heads*head_dim)."""
+    sizes = pg.sizes
+
+    def resized() -> bool:
         grown = False
         for x, y in relations:
             rx, ry = root[x], root[y]
             for r, q in ((ry, rx), (rx, ry)):
                 if r >= 0 and q in label and r not in label:
                     name, n = origin.get(q) or (base_of(label[q]), sizes[q])
-                    if n == sizes[r]:  # back to the first size: from the last one
-                        name, n = base_of(label[q]), sizes[q]
-                    claim(r, resized_name(name, n, sizes[r]), True)
+                    if sizes[r] > sizes[q] and sizes[r] != n and not wider:
+                        continue
+                    claim(r, name if n == sizes[r] else resized_name(name, n, sizes[r]), True)
                     origin[r] = (name, n)
                     grown = True
-        if not grown:
+        return grown
+
+    def groups():  # (the one axis' root, the many axes' roots) of each merge or split
+        for src, dst, gs in pg.reshapes:
+            for ga, gc in gs:
+                for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                    if len(one) == 1 and len(many) > 1:
+                        yield root[b.key(t1, one[0])], [root[b.key(tm, a)] for a in many]
+
+    def reshaped(split: bool) -> bool:
+        grown = False
+        known = {  # a dim's parts where a reshape shows them named (the backward's splits)
+            (base_of(label[r]), tuple(sizes[x] for x in rs)): [base_of(label[x]) for x in rs]
+            for r, rs in groups() if split and r in label and all(x in label for x in rs)
+        }  # fmt: skip
+        for r, rs in groups():
+            if not split and r >= 0 and r not in label and all(x in label for x in rs):
+                claim(r, "*".join(label[x] for x in rs), True)
+                grown = True
+            elif split and r in label and not all(x in label for x in rs):
+                name = base_of(label[r])
+                names = known.get((name, tuple(sizes[x] for x in rs)))
+                for k, x in enumerate(rs):
+                    if x >= 0 and x not in label:
+                        pos = 0 if k == 0 else 2 if k == len(rs) - 1 else 1
+                        claim(x, names[k] if names else f"{name}_{SPLIT_PARTS[pos]}", True)
+                        origin[x] = origin.get(r) or (name, sizes[r])
+                        grown = True
+        return grown
+
+    for _ in range(8):  # a split's parts last: the patches a conv made are height_8th
+        if not (resized() | reshaped(False) or reshaped(True)):
             break
-    return label, taken, by_role
 
 
 def base_of(name: str) -> str:
@@ -321,7 +361,7 @@ def _name_dims(
             break
 
     def claim(r: int, name: str) -> None:
-        _claim(label, taken, r, name)
+        _claim(label, taken, r, name, fam.find(r))
 
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})

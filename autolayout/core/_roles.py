@@ -132,6 +132,7 @@ class _Program:
         # result); reshapes: (operand, result, groups)
         self.scans, self.gathers, self.reductions, self.dots, self.reshapes = [], [], [], [], []
         self.relations: list[tuple[int, int]] = []  # (axis key in, axis key out) resized
+        self.tables: list[tuple[int, int]] = []  # (indices' last axis, a table's rows)
         self.convs: list[tuple[int, list[dict]]] = []  # (input, its spatial dims)
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
@@ -141,7 +142,7 @@ class _Program:
                 self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
                 idx = [a for a, n in enumerate(b.shapes[ins[1]]) if n > 1]
                 if idx:  # a table's rows are the positions its indices range over
-                    self.relations += [
+                    self.tables += [
                         (b.key(ins[1], idx[-1]), b.key(ins[0], a))
                         for a in op.param("gathered_axes", ())
                     ]  # fmt: skip
@@ -156,7 +157,9 @@ class _Program:
                 self.convs.append((ins[0], spatial))
                 self.relations += [  # a strided (or transposed) conv resizes its planes
                     (b.key(ins[0], sp["lhs"]), b.key(outs[0], sp["out"]))
-                    for sp in spatial if sp["pairing"] == "window" and sp["window"] < sp["lhs_size"]
+                    for sp in spatial  # (a strided conv's kernel gradient dilates its rhs)
+                    if sp["pairing"] == "window" and sp["rhs_dilation"] == 1
+                    and sp["window"] < sp["lhs_size"]
                 ]  # fmt: skip
             elif prim in WINDOW_OPS:  # pooling resizes its planes (and its gradient)
                 self.relations += [
@@ -213,15 +216,22 @@ class _Program:
         return derived
 
     def source(self, b: _Builder, t: int) -> int:
-        """Through casts, transposes and reshapes to the weight."""
+        """Through casts, transposes, reshapes and size-1 axes added to the weight (or the
+        data input)."""
         got = self._sources.get(t)
         if got is None:
             got = t
             for _ in range(8):
                 k = self.by_name.get(b.producer.get(got, ""))
-                if k is None or len(b.io[k][0]) != 1 or b.ops[k].primitive not in PASS_THROUGH:
+                ins = b.io[k][0] if k is not None else ()
+                prim = b.ops[k].primitive if k is not None else ""
+                if len(ins) != 1 or not (
+                    prim in PASS_THROUGH
+                    or prim == "broadcast_in_dim"
+                    and _alike(b.shapes[ins[0]], b.shapes[got])
+                ):
                     break
-                got = b.io[k][0][0]
+                got = ins[0]
             self._sources[t] = got
         return got
 
@@ -255,8 +265,10 @@ def role_names(
         if shapes[t]:
             add(r(t, 0), "batch")
     batch = {r(t, 0) for t in data if shapes[t]}
-    for t, spatial in pg.convs:  # images: the planes a conv reads of a data input, and the
-        if t in data and 1 <= len(spatial) <= 3:  # other axis (not the batch) its channels
+    for t, spatial in pg.convs:  # images: the planes a conv reads of a data input (through
+        # a transpose, a reshape: a conv under vmap), and the other axis (not the batch)
+        # its channels
+        if pg.source(b, t) in data and 1 <= len(spatial) <= 3:
             planes = [sp["lhs"] for sp in spatial]
             for a, name in zip(planes, SPATIAL[len(planes) - 1], strict=True):
                 add(r(t, a), name)
@@ -429,6 +441,13 @@ def resized_name(name: str, n: int, m: int) -> str:
 def path_name(path: str) -> str:
     """A weight's path without its argument, layer indices and generic leaf names:
     ``params/model/layers/17/mlp/down_proj/kernel`` -> ``down_proj``."""
+    return path_names(path)[0]
+
+
+def path_names(path: str) -> list[str]:
+    """:func:`path_name`, then with its module's name before it, where another dim has it:
+    ``params/batch_normalization_1/beta`` -> ``beta``, ``batch_normalization_1_beta``."""
     parts = [p for p in re.split(r"[/.\[\]]", path) if p]
     keep = [p for p in parts[1:] if not p.isdigit() and p.lower() not in GENERIC_LEAVES]
-    return (keep or parts or ["t"])[-1]
+    keep = keep or parts or ["t"]
+    return [keep[-1]] + (["_".join(keep[-2:])] if len(keep) > 1 else [])
