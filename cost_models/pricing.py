@@ -212,6 +212,34 @@ def _boundary_costs(m, g: Graph, layouts, aliased: dict[str, str]) -> list:
     return list(rows.values())
 
 
+def _loss_op(g: Graph, t: str, producer: dict[str, str], index: dict[str, int]) -> str:
+    """The op that first makes the loss ``t`` a scalar: back from ``t`` through the scalar
+    floats it is made of (the latest one each time), and from a loop's output into its body
+    (gradient accumulation returns the mean of a loop's summed microbatch losses: the
+    backward passes are in the loop, after each microbatch's loss)."""
+    ops = {op.name: op for op in g.ops}
+    body_of = {}  # a loop's output -> the body's tensor it is
+    for op in g.ops:
+        for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
+            body_of[o] = b
+    seen: set[str] = set()
+    name = producer[t]
+    while t not in seen:
+        seen.add(t)
+        if t in body_of and body_of[t] in producer:  # into the loop's body
+            t = body_of[t]
+            name = producer[t]
+            continue
+        scalars = [x for x in ops[name].inputs if x in producer and g.tensors[x].size == 1
+                   and "float" in g.tensors[x].dtype]  # fmt: skip
+        if not scalars:
+            break
+        t = max(scalars, key=lambda x: index[producer[x]])
+        if t not in body_of:
+            name = producer[t]
+    return name
+
+
 @per_graph
 def recomputed_ops(g: Graph) -> set[str]:
     """The ops that redo forward work in the backward pass (remat), for MFU's model FLOPs.
@@ -224,7 +252,7 @@ def recomputed_ops(g: Graph) -> set[str]:
     index = op_index(g)
     producer = {o: op.name for op in g.ops for o in op.outputs}
     losses = [
-        producer[o]
+        _loss_op(g, o, producer, index)
         for o in g.outputs
         if o in producer and g.tensors[o].size == 1 and "float" in g.tensors[o].dtype
     ]

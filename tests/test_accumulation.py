@@ -114,3 +114,18 @@ def test_refusals_in_one_line(gpt):
     # a plan without accumulation leaves the step as it is
     p = al.evaluate(wl, "cpu-8", mesh={"data": 8}, rules={"batch": "data"})
     assert accumulation_for_plan(p, wl) is wl
+
+
+def test_an_accumulated_remat_step_counts_its_recomputation():
+    """The backward passes of an accumulated step are in its microbatch loop, after each
+    microbatch's loss: its recomputation is found there (it was none, so MFU counted the
+    recomputed forward as model work), the same FLOPs as the unaccumulated step's."""
+    from autolayout.cost_models import recomputed_ops
+
+    wl = al.remat(load_model("gpt", **GPT), "nothing_saveable")
+    one, acc = (al.evaluate(w, "cpu-8", mesh={"data": 8}, rules={"batch": "data"}).summary()
+                for w in (wl, accumulate(wl, 2)))  # fmt: skip
+    assert len(recomputed_ops(al.trace(accumulate(wl, 2)))) == len(recomputed_ops(al.trace(wl)))
+    assert len(recomputed_ops(al.trace(wl))) > 0
+    assert acc["model_flops"] == pytest.approx(one["model_flops"], rel=0.01)
+    assert acc["mfu"] < acc["hfu"]
