@@ -302,13 +302,17 @@ def _grow(b, pg, root, label, claim, origin, relations, wider: bool) -> None:
 
     def reshaped(split: bool) -> bool:
         grown = False
-        known = {  # a dim's parts where a reshape shows them named (the backward's splits)
-            (base_of(label[r]), tuple(sizes[x] for x in rs)): [base_of(label[x]) for x in rs]
-            for r, rs in groups() if split and r in label and all(x in label for x in rs)
-        }  # fmt: skip
+        shown = [  # a dim and its parts where a reshape shows them named: the backward's
+            # splits are the forward's merges (and grouped queries' heads merge back)
+            (base_of(label[r]), tuple((base_of(label[x]), sizes[x]) for x in rs))
+            for r, rs in groups() if r in label and all(x in label for x in rs)
+        ]  # fmt: skip
+        known = {(name, tuple(n for _, n in parts)): [p for p, _ in parts] for name, parts in shown}
+        whole = {parts: name for name, parts in shown}
         for r, rs in groups():
             if not split and r >= 0 and r not in label and all(x in label for x in rs):
-                claim(r, "*".join(label[x] for x in rs), True)
+                parts = tuple((base_of(label[x]), sizes[x]) for x in rs)
+                claim(r, whole.get(parts) or "*".join(label[x] for x in rs), True)
                 grown = True
             elif split and r in label and not all(x in label for x in rs):
                 name = base_of(label[r])

@@ -133,6 +133,8 @@ class _Program:
         self.scans, self.gathers, self.reductions, self.dots, self.reshapes = [], [], [], [], []
         self.relations: list[tuple[int, int]] = []  # (axis key in, axis key out) resized
         self.tables: list[tuple[int, int]] = []  # (indices' last axis, a table's rows)
+        self.reshaped: dict[int, tuple[int, tuple]] = {}  # result -> (operand, groups)
+        self.top_ks: list[tuple[int, list[int]]] = []  # (operand, results)
         self.convs: list[tuple[int, list[dict]]] = []  # (input, its spatial dims)
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
@@ -146,12 +148,15 @@ class _Program:
                         (b.key(ins[1], idx[-1]), b.key(ins[0], a))
                         for a in op.param("gathered_axes", ())
                     ]  # fmt: skip
+            elif prim in ("top_k", "approx_top_k") and ins:
+                self.top_ks.append((ins[0], outs))
             elif prim in ("reduce_max", "argmax") and ins:
                 self.reductions.append((ins[0], op.param("reduced_axes", ())))
             elif prim == "dot_general" and len(ins) == 2:
                 self.dots.append((op, ins[0], ins[1], outs[0]))
             elif prim == "reshape" and ins:
                 self.reshapes.append((ins[0], outs[0], op.param("groups", ())))
+                self.reshaped[outs[0]] = (ins[0], op.param("groups", ()))
             elif prim == "conv_general_dilated" and len(ins) == 2:
                 spatial = [dict(sp) for sp in op.param("spatial", ())]
                 self.convs.append((ins[0], spatial))
@@ -313,6 +318,7 @@ def role_names(
     head_dim: list[int] = []
     seqs: list[int] = []
     attention: list[int] = []  # the scores dots' results
+    kv_groups: list[list[int]] = []  # [kv_heads, q_per_kv...] of grouped-query attention
     for op, lhs, rhs, res in pg.dots:
         if not any(r(lhs, a) in batch for a in range(len(shapes[lhs]))):
             continue
@@ -322,15 +328,21 @@ def role_names(
         if not bd or op.name not in pg.scores:
             continue
         attention.append(res)
+        grouped = _grouped_queries(b, pg, r, op, lhs, rhs)
+        for x, parts in grouped:  # the queries' heads split into kv_heads x q_per_kv
+            if x not in heads:
+                heads.append(x)
+            kv_groups.append(parts)
+        split = {x for _, parts in grouped for x in parts}
         for la, _ in bd:
             x = r(lhs, la)
-            if x not in batch and fam(x) not in data_fams and x not in heads:
+            if x not in batch and fam(x) not in data_fams and x not in heads and x not in split:
                 heads.append(x)
         for la, _ in op.param("contracting", ()):
             x = r(lhs, la)
             if x not in softmaxed and x not in head_dim:
                 head_dim.append(x)
-        known = batch | set(heads) | set(head_dim)
+        known = batch | set(heads) | set(head_dim) | split
         seqs += [r(res, a) for a in range(len(shapes[res])) if r(res, a) not in known]
     probs: set[int] = set()  # the scores' softmax (and its gradient): ops of their shape on
     todo = [(t, 0) for t in attention]
@@ -358,10 +370,17 @@ def role_names(
             ]  # fmt: skip
     for x in heads:
         add(x, "heads")
+    for parts in kv_groups:
+        add(parts[0], "kv_heads")
+        for x in parts[1:]:
+            add(x, "q_per_kv")
     for x in head_dim:
         add(x, "head_dim")
     for x in dict.fromkeys(seqs):  # the queries' and the keys' positions (patches, frames)
         add(x, "seq")
+    for name, xs in _routing(b, pg, r, batch, carried).items():
+        for x in xs:
+            add(x, name)
     if not d_model and heads and carried:
         most = max(carried.values())
         d_model = [x for x, n in carried.items() if n == most and n >= 3][:1]
@@ -423,6 +442,66 @@ def role_names(
         kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
+    return out
+
+
+def _routing(b, pg, r, batch: set[int], carried: dict[int, int]) -> dict[str, list[int]]:
+    """A mixture of experts from its routing pattern: a top-k over a router's logits (their
+    last axis a weight's: the router's) whose size is a batch dim of weights' dots with the
+    activations (the stacked experts' weights ``[experts, d_model, d_ff]``): ``experts`` on
+    both sides (one dim: no tensor holds both), ``top_k`` the choices per token, and
+    ``capacity`` the activations' other dims of those dots (each expert's slots)."""
+    out: dict[str, list[int]] = {"experts": [], "capacity": [], "top_k": []}
+    shapes = b.shapes
+    routers: dict[int, list[int]] = {}  # experts -> the routers' logits' last axes
+    for t, outs in pg.top_ks:  # (values and indices)
+        x = r(t, len(shapes[t]) - 1)
+        if shapes[t] and carried.get(x):
+            routers.setdefault(shapes[t][-1], []).append(x)
+            out["top_k"] += [
+                r(o, len(shapes[t]) - 1)
+                for o in outs
+                if shapes[o] and len(shapes[o]) == len(shapes[t])
+            ]
+    if not routers:
+        return {}
+    for op, lhs, rhs, _ in pg.dots:
+        ts = (lhs, rhs)
+        acts = [any(r(t, a) in batch for a in range(len(shapes[t]))) for t in ts]
+        if acts.count(True) != 1:
+            continue
+        w = acts.index(False)
+        for pair in op.param("batch", ()):
+            n = shapes[ts[w]][pair[w]]
+            if n not in routers:
+                continue
+            used = {p[1 - w] for p in op.param("batch", ()) + op.param("contracting", ())}
+            act = ts[1 - w]
+            slots = [r(act, a) for a in range(len(shapes[act])) if a not in used]
+            out["experts"] += [*routers[n], r(ts[w], pair[w])]
+            out["capacity"] += [y for y in slots if y not in batch]
+    if not out["experts"]:  # a top-k that routes to no experts (a sampler's)
+        return {}
+    return {name: list(dict.fromkeys(xs)) for name, xs in out.items()}
+
+
+def _grouped_queries(b, pg, r, op, lhs, rhs) -> list[tuple[int, list[int]]]:
+    """Grouped-query attention written as one reshape of the queries' heads into
+    ``[kv_heads, q_per_kv]`` (the scores dot batches the first and keeps the other): ``(heads,
+    [kv_heads, q_per_kv])`` of each such split an operand of the scores dot ``op`` is made
+    by."""
+    out = []
+    bd, cd = op.param("batch", ()), op.param("contracting", ())
+    for side, t in enumerate((lhs, rhs)):
+        made = pg.reshaped.get(t)
+        if made is None:
+            continue
+        batched = {pair[side] for pair in bd}
+        free = set(range(len(b.shapes[t]))) - batched - {pair[side] for pair in cd}
+        for ga, gc in made[1]:
+            parts = [a for a in gc if b.shapes[t][a] > 1]
+            if len(ga) == 1 and len(parts) > 1 and parts[0] in batched and set(parts[1:]) <= free:
+                out.append((r(made[0], ga[0]), [r(t, a) for a in parts]))
     return out
 
 
