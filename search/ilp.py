@@ -109,14 +109,11 @@ def solve(
     t0 = time.perf_counter()
     limit = wall_limit_s if deterministic else min(time_limit_s, wall_limit_s or math.inf)
     deadline = None if limit is None else t0 + max(0.05, float(limit))
-    ticks = [0]
 
-    def late(every: int = 1) -> bool:
-        """Whether the wall-clock limit has passed, or a Ctrl-C/SIGTERM came (checked once
-        per ``every`` calls)."""
-        ticks[0] += 1
-        if ticks[0] % every:
-            return False
+    def late() -> bool:
+        """Whether the wall-clock limit has passed, or a Ctrl-C/SIGTERM came: checked at
+        every node, read and pair (~0.1 us; checked once per 64 nodes, a signal waited their
+        pricing, seconds on a loaded machine)."""
         return interrupted() or (deadline is not None and time.perf_counter() > deadline)
 
     def gave_up() -> Solution:
@@ -130,13 +127,13 @@ def solve(
     cset = [set(c) for c in cand]
     costs = []
     for n in range(len(nodes)):
-        if late(64):
+        if late():
             return gave_up()
         costs.append([req.node_cost(n, s) for s in cand[n]])
     pairs = []  # (read, a, b, seconds a step, src strategies, [(reader, strategies)])
     groups = []  # per read: its source's layouts and each reader's (for the cover rows)
     for r in req.reads:
-        if late(64):
+        if late():
             return gave_up()
         src: dict[int, list[int]] = {}
         for s in cand[r.src]:
@@ -170,7 +167,7 @@ def solve(
 
     x: list[dict[int, Any]] = []
     for k in range(len(nodes)):
-        if late(256):
+        if late():
             return gave_up()
         if not cand[k]:
             raise ValueError(f"node {nodes[k].members[0]} has no allowed strategy")
@@ -195,7 +192,7 @@ def solve(
                 comm_terms.append((v, q(m)))
     copies: dict[tuple[int, int, int], Any] = {}  # (read, a, b) -> its z
     for i, (_r, a, b, v, sa, wants) in enumerate(pairs):
-        if late(256):
+        if late():
             return gave_up()
         w = q(v)
         if not w:
@@ -206,7 +203,7 @@ def solve(
             model.add(z >= ya + X(n, ss) - 1)
         comm_terms.append((z, w))
     for r, src, want in groups:  # the cover rows (see the module's docstring)
-        if late(64):
+        if late():
             return gave_up()
         for n, bl in want:
             for a, sa in src.items():
@@ -242,7 +239,7 @@ def solve(
                 if vec[s]:
                     terms.append((v, vec[s]))
         for k, (nbytes, src, same, before, after) in enumerate(row.copies):
-            if late(64):
+            if late():
                 return gave_up()
             c = model.new_bool_var(f"c{j}_{k}")
             ys = X(src, same)
