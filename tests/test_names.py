@@ -19,12 +19,7 @@ INDEX = re.compile(r"\.\d+$|\.\d+[#(*/+-]")  # w1.0, train.3#5, Dense_0.0#2
 LIBRARY = {"hf_": "transformers", "eqx_": "equinox", "keras_": "keras", "nnx_": "flax"}
 
 # what the naming does not yet name from structure, per model (each one fails today)
-NOT_YET = {
-    "libraries/hf_bert.py": "the head mask [layers, heads] is built by broadcast, no role",
-    "libraries/hf_t5.py": "encoder and decoder sequences and relative-position buckets meet "
-    "in one family: seq#2, seq#4, seq#5 of other families than seq",
-    "t5.py": "the decoder's self-attention keys (seq#2) are of another family than seq",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _files() -> list[str]:

@@ -137,7 +137,7 @@ def _dims(
     fam: _UnionFind,
     live: set[int],
     keys: list[int],
-) -> tuple[_UnionFind, dict[int, str], Callable[[int, int], bool]]:
+) -> tuple[_UnionFind, dict[int, str], Callable[[int, int], bool], Callable[[int, int], bool], int]:
     """Union-find that keeps one axis per tensor and one user name per class; returns it,
     the user name of each named root and its guarded union. ``keys``: the live axes of
     size > 1, in order."""
@@ -199,9 +199,12 @@ def _dims(
         b.shapes[t][a] > 1 and find(b.key(t, a)) not in names
         for t in live if b.roles[t] == "input" for a in range(len(b.shapes[t]))
     )  # fmt: skip
-    for group in copy_groups(b, live) if unnamed else ():
+    groups = copy_groups(b, live) if unnamed else []
+    for group in groups:
         for k in group[1:]:
             union(group[0], k)
+    counts = [len(g) for g in groups]
+    copies = max(set(counts), key=counts.count) if counts else 1  # the unrolled layers
     # Classes of one family that no tensor holds together are one dim: the key sequence of
     # every unrolled layer is one "seq#2", not a dim per layer.
     by_family: dict[int, list[int]] = {}
@@ -213,43 +216,58 @@ def _dims(
         for r in roots:
             if not any(union(q, r) for q in reps):
                 reps.append(r)
-    return uf, names, union
+
+    def apart(x: int, y: int) -> bool:  # whether no tensor holds the two classes together
+        rx, ry = find(x), find(y)
+        return rx == ry or (members.get(rx) or {owner[rx]}).isdisjoint(
+            members.get(ry) or {owner[ry]}
+        )
+
+    return uf, names, union, apart, copies
 
 
-def _claim(label: dict[int, str], taken: dict[str, int], r: int, name: str, family: int) -> None:
-    """Names root ``r`` (of ``family``) ``name``, or ``name#2``, ``name#3``... where that is
-    taken."""
+def _claim(label: dict[int, str], taken: dict[str, int], r: int, name: str) -> None:
+    """Names root ``r`` ``name``, or ``name#2``, ``name#3``... where that is taken."""
     base, k = name, 2
     while name in taken:
         name, k = f"{base}#{k}", k + 1
     label[r] = name
-    taken[name] = family
+    taken[name] = r
 
 
-def _labels(b, inputs, live, data, root, fam, user_names, find):
+def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
     """Names from the user, by role, of reshapes' merges and splits, of resized pieces and of
     weights' paths: ``(label per root, the names taken, the roots of each role name)``."""
     label: dict[int, str] = {}
-    taken: dict[str, int] = {}  # name -> the family of the root that took it
+    taken: dict[str, int] = {}  # name -> the root that took it
     by_role: dict[str, list[int]] = {}
     pg = program(b, data, live)
+    sizes = pg.sizes
 
     def claim(r: int, name: str, role: bool = False) -> None:
-        _claim(label, taken, r, name, fam.find(r))
+        _claim(label, taken, r, name)
         if role:
             by_role.setdefault(name, []).append(r)
 
-    def free(name: str, r: int) -> bool:  # ``name#k`` would be a dim of the family ``name``'s
-        return taken.get(name, fam.find(r)) == fam.find(r)
+    def free(name: str, r: int) -> bool:
+        """Whether ``r`` may be named ``name``: no other family has it (``name#k`` is a dim of
+        ``name``'s family), or at ``r``'s size where no tensor holds both (one dim)."""
+        q = taken.get(name, r)
+        return fam.find(q) == fam.find(r) or sizes[q] == sizes[r] and apart(q, r)
 
+    users: dict[int, str] = {}  # family -> the user's name of a dim of it
     for r, n in user_names.items():
         if find(r) == r:
             claim(r, n)
-    for r, n in role_names(b, root, fam.find, data, live, lambda r: r in label):
-        if r not in label:
+            users.setdefault(fam.find(r), base_of(n))
+    for r, n in role_names(b, root, fam.find, data, live, lambda r: r in label, copies):
+        n = users.get(fam.find(r), n)  # a family the user named is named after the user's
+        # name (the keys of enc_seq are enc_seq#2); a role another family of another size
+        # has is left to the structure (the decoder's positions: a slice of targets_seq)
+        if r not in label and free(n, r):
             claim(r, n, True)
     origin: dict[int, tuple[str, int]] = {}
-    _grow(b, pg, root, label, claim, origin, pg.relations, False)  # the user's, the roles'
+    _grow(b, pg, root, label, claim, origin, False)  # from the user's and the roles' names
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
         axes = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
@@ -260,14 +278,14 @@ def _labels(b, inputs, live, data, root, fam, user_names, find):
                 # module's where another family has it (BatchNorm's beta of two widths)
                 tries = [n if k == 0 else f"{n}_in" if k == 1 else f"{n}_ax{a}" for n in names]
                 claim(r, next((n for n in tries if free(n, r)), tries[0]), True)
-    _grow(b, pg, root, label, claim, origin, pg.relations + pg.tables, True)
+    _grow(b, pg, root, label, claim, origin, True)
     return label, taken, by_role
 
 
 SPLIT_PARTS = ("outer", "mid", "inner")
 
 
-def _grow(b, pg, root, label, claim, origin, relations, wider: bool) -> None:
+def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
     """Names what a named dim's structure shows, until nothing more is named: the dim a
     reshape merges named dims into (``heads*head_dim``), the parts a reshape splits a named
     dim into (``X_outer``, ``X_inner``) and a piece of a named dim that a slice, pad,
@@ -279,11 +297,14 @@ def _grow(b, pg, root, label, claim, origin, relations, wider: bool) -> None:
     (a table of 64 positions, ``seq+48``; a fused projection's three heads*head_dim)."""
     sizes = pg.sizes
 
+    relations = [(x, y, True) for x, y in pg.relations]
+    relations += [(x, y, False) for x, y in pg.tables] if wider else []
+
     def resized() -> bool:
         grown = False
-        for x, y in relations:
+        for x, y, both in relations:  # (a table's rows from its indices, not the reverse)
             rx, ry = root[x], root[y]
-            for r, q in ((ry, rx), (rx, ry)):
+            for r, q in ((ry, rx), (rx, ry)) if both else ((ry, rx),):
                 if r >= 0 and q in label and r not in label:
                     name, n = origin.get(q) or (base_of(label[q]), sizes[q])
                     if sizes[r] > sizes[q] and sizes[r] != n and not wider:
@@ -345,12 +366,14 @@ def _name_dims(
     sizes = [s for shape in b.shapes for s in shape]
     keys = [k for k, (t, n) in enumerate(zip(owner, sizes, strict=True)) if n > 1 and t in live]
     fam = _families(b)
-    dim, user_names, union = _dims(b, owner, sizes, fam, live, keys)
+    dim, user_names, union, apart, copies = _dims(b, owner, sizes, fam, live, keys)
     for _ in range(3):  # dims of one role that no tensor holds together are one dim
         root = [-1] * b.nax
         for k in keys:
             root[k] = dim.find(k)
-        label, taken, by_role = _labels(b, inputs, live, data, root, fam, user_names, dim.find)
+        label, taken, by_role = _labels(
+            b, inputs, live, data, root, fam, user_names, dim.find, apart, copies
+        )
         merged = False
         for rs in by_role.values():  # each onto the first it may join (a key sequence's
             reps: list[int] = []  # pieces onto the queries', else onto one another)
@@ -365,7 +388,7 @@ def _name_dims(
             break
 
     def claim(r: int, name: str) -> None:
-        _claim(label, taken, r, name, fam.find(r))
+        _claim(label, taken, r, name)
 
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})

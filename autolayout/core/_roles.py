@@ -135,6 +135,7 @@ class _Program:
         self.tables: list[tuple[int, int]] = []  # (indices' last axis, a table's rows)
         self.reshaped: dict[int, tuple[int, tuple]] = {}  # result -> (operand, groups)
         self.top_ks: list[tuple[int, list[int]]] = []  # (operand, results)
+        self.rows: list[tuple[int, int, int]] = []  # (operand, axis, start) of 1-row slices
         self.convs: list[tuple[int, list[dict]]] = []  # (input, its spatial dims)
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
@@ -174,6 +175,11 @@ class _Program:
                     if (w, op.param("strides")[a], op.param("padding")[a]) != (1, 1, (0, 0))
                 ]  # fmt: skip
             elif prim in RELATION_OPS:  # the axes a slice, pad or concatenate resizes
+                if prim == "slice" and len(ins) == 1:  # one row of an axis
+                    cut = [a for a, (m, n) in enumerate(zip(b.shapes[ins[0]], b.shapes[outs[0]],
+                                                            strict=True)) if m != n]  # fmt: skip
+                    if len(cut) == 1 and b.shapes[outs[0]][cut[0]] == 1:
+                        self.rows.append((ins[0], cut[0], op.param("start")[cut[0]]))
                 for i in ins[1:2] if prim == "dynamic_update_slice" else ins:
                     for o in outs:
                         if len(b.shapes[i]) == len(b.shapes[o]):
@@ -251,10 +257,11 @@ def program(b: _Builder, data: set[int], live: set[int]) -> _Program:
 
 def role_names(
     b: _Builder, root: list[int], fam: Callable[[int], int], data: set[int], live: set[int],
-    taken: Callable[[int], bool],
+    taken: Callable[[int], bool], copies: int = 1,
 ) -> list[tuple[int, str]]:  # fmt: skip
     """``(class root, role name)`` in the order to claim them (the first claim of a root
-    wins); roots for which ``taken`` is true are left out."""
+    wins); roots for which ``taken`` is true are left out. ``copies``: how many copies of a
+    layer the program unrolls."""
     out: list[tuple[int, str]] = []
     pg = program(b, data, live)
     offsets, shapes = b.offsets, b.shapes
@@ -280,9 +287,22 @@ def role_names(
             for a in range(1, len(shapes[t])):
                 if a not in planes:
                     add(r(t, a), "channels")
-    for t in sorted(pg.ints):
-        if len(shapes[t]) == 2:
-            add(r(t, 1), "seq")
+    seq_fams: list[int] = []  # token inputs of two sequences (an encoder's, a decoder's):
+    for t in sorted(pg.ints):  # the second is named after its input (``targets_seq``)
+        if len(shapes[t]) == 2 and r(t, 1) >= 0:
+            f = fam(r(t, 1))
+            add(
+                r(t, 1),
+                "seq" if not seq_fams or f in seq_fams else f"{path_name(b.paths[t] or '')}_seq",
+            )
+            seq_fams.append(f)
+    rows: dict[int, set[int]] = {}  # an axis of a tensor of no example (BERT's head mask
+    for t, a, start in pg.rows:  # [layers, heads]) the unrolled layers read a row each of
+        if not any(r(t, c) in batch for c in range(len(shapes[t]))):
+            rows.setdefault(r(t, a), set()).add(start)
+    for x, starts in rows.items():
+        if copies > 1 and len(starts) == copies == pg.sizes[x]:
+            add(x, "layers")
     for op, ins in pg.scans:  # a scan over stacked weights: their leading axis is the layers
         n = op.param("length", 0)
         for t in ins:
