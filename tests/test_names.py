@@ -15,7 +15,7 @@ from autolayout.core._roles import path_name, resized_name
 
 MODELS = Path(__file__).resolve().parent.parent / "experiments/models"
 OP_ID = re.compile(r"\w+\.\d+:\d+|^t\d+:\d+")  # iota.130:2, t66:0
-INDEX = re.compile(r"\.\d+$|\.\d+[#(*/+-]")  # w1.0, train.3#5, Dense_0.0#2
+INDEX = re.compile(r"\.\d+$|\.\d+[#(*/+-]|_ax\d")  # w1.0, train.3#5, Dense_0.0#2, conv2d_ax0
 LIBRARY = {"hf_": "transformers", "eqx_": "equinox", "keras_": "keras", "nnx_": "flax"}
 
 # what the naming does not yet name from structure, per model (each one fails today)
@@ -189,6 +189,18 @@ def test_a_top_k_that_routes_to_no_experts_names_none():
     x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
     g = al.trace(al.Workload(step, (w, x), donate_argnums=(0,)))
     assert "experts" not in g.dims and "top_k" not in g.dims, g.dims
+
+
+def test_convolutions_name_their_planes_windows_and_pieces():
+    """A Flax CNN names nothing: its image's planes are height and width, max-pooled to
+    height_half, average-pooled to height_4th (named from the image's plane, not
+    height_half_half), its kernels' windows kernel_height and kernel_width (were Conv_1_in,
+    Conv_1), one dim for every conv."""
+    g = al.trace(al.load_workload(MODELS / "corpus/cnn.py"))
+    assert {"height", "height_half", "height_4th", "kernel_height", "kernel_width"} <= set(g.dims)
+    dims = {g.tensors[t].path: g.tensors[t].dims for t in g.inputs}
+    assert dims["params/Conv_0/kernel"][:3] == ("kernel_height", "kernel_width", "channels")
+    assert dims["params/Conv_1/kernel"][:2] == ("kernel_height", "kernel_width")
 
 
 def test_a_model_is_named_after_its_file_unless_it_says_otherwise(tmp_path):

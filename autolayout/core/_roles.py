@@ -136,7 +136,7 @@ class _Program:
         self.reshaped: dict[int, tuple[int, tuple]] = {}  # result -> (operand, groups)
         self.top_ks: list[tuple[int, list[int]]] = []  # (operand, results)
         self.rows: list[tuple[int, int, int]] = []  # (operand, axis, start) of 1-row slices
-        self.convs: list[tuple[int, list[dict]]] = []  # (input, its spatial dims)
+        self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
             if prim == "scan" and not op.scope:
@@ -160,7 +160,7 @@ class _Program:
                 self.reshaped[outs[0]] = (ins[0], op.param("groups", ()))
             elif prim == "conv_general_dilated" and len(ins) == 2:
                 spatial = [dict(sp) for sp in op.param("spatial", ())]
-                self.convs.append((ins[0], spatial))
+                self.convs.append((ins[0], ins[1], spatial))
                 self.relations += [  # a strided (or transposed) conv resizes its planes
                     (b.key(ins[0], sp["lhs"]), b.key(outs[0], sp["out"]))
                     for sp in spatial  # (a strided conv's kernel gradient dilates its rhs)
@@ -277,7 +277,7 @@ def role_names(
         if shapes[t]:
             add(r(t, 0), "batch")
     batch = {r(t, 0) for t in data if shapes[t]}
-    for t, spatial in pg.convs:  # images: the planes a conv reads of a data input (through
+    for t, _, spatial in pg.convs:  # images: the planes a conv reads of a data input (through
         # a transpose, a reshape: a conv under vmap), and the other axis (not the batch)
         # its channels
         if pg.source(b, t) in data and 1 <= len(spatial) <= 3:
@@ -462,6 +462,11 @@ def role_names(
         kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
+    weights = set(pg.weights)
+    for _, w, spatial in pg.convs:  # a conv's kernel window, where the kernel is a weight
+        if pg.source(b, w) in weights and 1 <= len(spatial) <= 3:
+            for sp, name in zip(spatial, SPATIAL[len(spatial) - 1], strict=True):
+                add(r(w, sp["rhs"]), f"kernel_{name}")
     return out
 
 
