@@ -87,6 +87,8 @@ def test_unrolled_layers_share_their_dims(name):
 def test_resized_and_weight_names():
     assert resized_name("head_dim", 128, 64) == "head_dim_half"
     assert resized_name("height", 32, 8) == "height_4th"
+    assert resized_name("height", 224, 7) == "height_32nd"
+    assert resized_name("height", 99, 33) == "height_3rd"
     assert resized_name("seq", 16, 15) == "seq-1"
     assert resized_name("seq", 16, 64) == "seq+48"
     assert resized_name("seq", 16, 16) == "seq_table"

@@ -39,6 +39,7 @@ WINDOW_OPS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window
                         "reduce_window", "select_and_scatter_add", "select_and_scatter",
                         "select_and_gather_add"})  # fmt: skip
 SPATIAL = (("length",), ("height", "width"), ("depth", "height", "width"))  # a conv's planes
+UNPAD = frozenset({"pad", "convert_element_type", "copy", "copy_p", "reduce_precision"})
 PASS_THROUGH = frozenset({"convert_element_type", "transpose", "copy", "copy_p", "reshape",
                           "squeeze", "expand_dims", "reduce_precision"})  # fmt: skip
 
@@ -246,6 +247,15 @@ class _Program:
             self._sources[t] = got
         return got
 
+    def unpadded(self, b: _Builder, t: int) -> int:
+        """Through pads and casts (which keep the axes in order) to what was padded."""
+        for _ in range(8):
+            k = self.by_name.get(b.producer.get(t, ""))
+            if k is None or b.ops[k].primitive not in UNPAD or not b.io[k][0]:
+                break
+            t = b.io[k][0][0]
+        return t
+
 
 def program(b: _Builder, data: set[int], live: set[int]) -> _Program:
     """The builder's :class:`_Program` for these data and live tensors (made once)."""
@@ -278,8 +288,9 @@ def role_names(
             add(r(t, 0), "batch")
     batch = {r(t, 0) for t in data if shapes[t]}
     for t, _, spatial in pg.convs:  # images: the planes a conv reads of a data input (through
-        # a transpose, a reshape: a conv under vmap), and the other axis (not the batch)
-        # its channels
+        # a transpose, a reshape: a conv under vmap; a pad: ResNet-50's), and the other
+        # axis (not the batch) its channels
+        t = pg.unpadded(b, t)
         if pg.source(b, t) in data and 1 <= len(spatial) <= 3:
             planes = [sp["lhs"] for sp in spatial]
             for a, name in zip(planes, SPATIAL[len(planes) - 1], strict=True):
@@ -533,12 +544,15 @@ def _grouped_queries(b, pg, r, op, lhs, rhs) -> list[tuple[int, list[int]]]:
 def resized_name(name: str, n: int, m: int) -> str:
     """The name of a piece of size ``m`` of the dim ``name`` of size ``n`` (a slice, a split,
     a pad or a concatenate between them): ``head_dim_half`` (RoPE's halves), ``height_4th``
-    (a conv of stride 4), ``seq-1`` (the
+    (a conv of stride 4; ResNet-50's last planes ``height_32nd``), ``seq-1`` (the
     shifted targets), ``seq+48`` (a table of every position sliced to the sequence); the rows
     of a table that ``name`` indexes, of its size, are ``seq_table``."""
     if m < n:
         k = n // m
-        return (f"{name}_half" if k == 2 else f"{name}_{k}th") if n % m == 0 else f"{name}-{n - m}"
+        if n % m:
+            return f"{name}-{n - m}"
+        last = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+        return f"{name}_half" if k == 2 else f"{name}_{k}{last}"
     return f"{name}+{m - n}" if m > n else f"{name}_table"
 
 
