@@ -44,6 +44,7 @@ from .core import (
     remat_for_plan,
     report_text,
     rule_lines,
+    shown_ops,
     shown_strategies,
     status_text,
     trace,
@@ -372,8 +373,10 @@ def _print_plan(plan, out: str | None) -> None:
     )
     w = _width()
     shown = shown_strategies([r.strategy for r in rows])
+    what = shown_ops(plan)
     for r in rows:
-        where = f"{r.op} ({r.layer})" if r.layer else r.op
+        op = what.get(r.op, r.op)
+        where = f"{op} ({r.layer})" if r.layer else op
         how = shown.get(r.strategy) or "replicated"
         line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {how}"
         click.echo(_fit(line, w))
@@ -383,7 +386,8 @@ def _print_plan(plan, out: str | None) -> None:
         _echo(f"opaque ops: {len(opaque)}, {share:.1%} of the step (run whole on every device, "
               "as XLA runs an op it cannot partition):")  # fmt: skip
         for r in opaque[:3]:
-            where = f"{r['op']} ({r['layer']})" if r["layer"] else r["op"]
+            op = what.get(r["op"], r["op"])
+            where = f"{op} ({r['layer']})" if r["layer"] else op
             _echo(f"  {where} {r['time_s']:.3g} s, {r['share']:.1%}: {r['reason']}")
     if out:
         plan.to_json(out)

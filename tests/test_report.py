@@ -16,7 +16,9 @@ from click.testing import CliRunner
 import autolayout as al
 from autolayout._cli import main
 from autolayout.core import op_layers
-from conftest import load_model
+from conftest import MODELS, load_model
+
+MODELS_GPT = MODELS / "gpt.py"
 
 matplotlib.use("Agg")
 
@@ -100,6 +102,36 @@ def test_layers_follow_named_scopes_through_the_backward_pass(gpt):
     reads_state = [o for o in g.ops
                    if any((g.tensors[t].path or "").startswith("opt_state") for t in o.inputs)]  # fmt: skip
     assert reads_state and {lay[o.name] for o in reads_state} == {"optimizer"}
+
+
+@pytest.mark.parametrize("model,opts", [("gpt", {}), ("gpt", {"scan": True}), ("mlp", {}),
+                                        ("my_transformer", {}), ("t5", {})])  # fmt: skip
+def test_every_matmul_is_named_by_the_weight_it_reads_or_makes(model, opts):
+    """Reports name an op as the model's author does (issue 35.3), not by a primitive's
+    counter: the weight a matmul reads (``w1``, ``w1 bwd`` for the backward's read), the weight
+    whose gradient it makes (``w1 grad``), or attention's ``scores`` / ``attention``."""
+    from autolayout.core import op_labels
+
+    g = al.trace(load_model(model, **opts))
+    labels = op_labels(g)
+    weights = {t for t in g.inputs if (g.tensors[t].path or "").startswith("params")}
+    mms = [op for op in g.ops if op.primitive == "dot_general"]
+    assert mms and all(labels[op.name] != "dot_general" for op in mms), {
+        op.name: labels[op.name] for op in mms
+    }
+    assert not any(re.search(r"\.\d", labels[op.name]) for op in g.ops)
+    # one forward read, backward reads and a gradient per weight a matmul reads
+    read = {g.tensors[t].path.rsplit("/", 1)[-1] for op in mms for t in op.inputs if t in weights}
+    for w in read:
+        got = {labels[op.name] for op in mms if labels[op.name].split(" ")[0] == w}
+        assert {w, f"{w} grad"} <= got, (w, got)
+
+
+def test_the_cli_names_the_costliest_ops_by_their_weights():
+    r = CliRunner().invoke(main, ["plan", str(MODELS_GPT), "--hw", "cpu-8", "--time-limit", "3"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.split("costliest ops")[1].split("bound:")[0].splitlines()[1:4]
+    assert lines and not any(re.search(r"\w\.\d", x.split()[0]) for x in lines), lines
 
 
 def test_layers_without_scopes_come_from_the_parameters_read(tmp_path):

@@ -65,9 +65,11 @@ from ._report import collectives_by_kind as collectives_by_kind
 from ._report import diff as diff
 from ._report import frame_text as frame_text
 from ._report import inner_splits as inner_splits
+from ._report import op_labels as op_labels
 from ._report import op_layers as op_layers
 from ._report import report_text as report_text
 from ._report import rule_lines as rule_lines
+from ._report import shown_ops as shown_ops
 from ._report import shown_strategies as shown_strategies
 from ._report import summary_rows as summary_rows
 from ._report import top_ops as top_ops

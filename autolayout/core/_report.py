@@ -123,6 +123,167 @@ def op_layers(g: Graph) -> dict[str, str]:
     return {op.name: label[i] or OTHER for i, op in enumerate(g.ops)}
 
 
+_CONTRACTIONS = ("dot_general", "conv_general_dilated", "ragged_dot")
+# ops that pass a weight or a gradient on whole: its cast, view, layer slice, or a sum into it
+_VIEWS = ("convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze",
+          "expand_dims", "copy", "copy_p", "dynamic_slice", "slice", "optimization_barrier")  # fmt: skip
+_PASS_GRAD = _VIEWS + (
+    "add",
+    "add_any",
+    "mul",
+    "div",
+    "sub",
+    "neg",
+    "select_n",
+    "integer_pow",
+    "sqrt",
+    "rsqrt",
+    "max",
+    "min",
+    "abs",
+)  # Adam: m + (1-b) g**1
+
+
+@per_graph
+def op_labels(g: Graph) -> dict[str, str]:
+    """What the model's author calls an op, for reports (op ids are a primitive's counter):
+    a matmul or conv is the weight it reads (``wq``; ``wq bwd`` for a later read of it: the
+    backward pass, or a recomputation) or the weight whose gradient it makes (``wq grad``,
+    followed from the optimizer's update through casts, sums and loops); attention is
+    ``attention`` / ``attention bwd``; any other op its primitive. Weights are named by their
+    paths (``params/layers/wq`` -> ``wq``, as dims are)."""
+    from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
+    from ._roles import path_name
+
+    producer = {o: op for op in g.ops for o in op.outputs}
+    inner: dict[str, str] = {}  # a loop body's input -> what the loop feeds it
+    body_out: dict[str, str] = {}  # a loop's output -> the body's tensor it is
+    for op in g.ops:
+        for o, b in op.param("body_inputs", ()):
+            inner[b] = o
+        for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
+            body_out[o] = b
+    memo: dict[str, str | None] = {}
+
+    def weight(t: str, depth: int = 0) -> str | None:
+        """The weight input ``t`` is (through casts, views and loops), else None."""
+        if t in memo:
+            return memo[t]
+        memo[t] = None  # a cycle (a loop's carry) names nothing
+        tt = g.tensors[t]
+        out = None
+        if tt.role == "input" and tt.path and "param" in tt.path.split("/", 1)[0]:
+            out = t
+        elif t in inner:
+            out = weight(inner[t], depth + 1)
+        elif depth < 8 and t in producer and producer[t].primitive in _VIEWS:
+            ins = [x for x in producer[t].inputs if g.tensors[x].size > 1]
+            out = weight(ins[0], depth + 1) if len(ins) == 1 else None
+        memo[t] = out
+        return out
+
+    def name(w: str) -> str:
+        return path_name(g.tensors[w].path)
+
+    labels: dict[str, str] = {}
+    # gradients: the tensor the optimizer's update reads beside a weight (or its moments)
+    for op in g.ops:
+        named = [(x, _state_name(g, x) or (w and name(w))) for x in op.inputs if (w := weight(x))
+                 or _state_name(g, x)]  # fmt: skip
+        names = {g.tensors[x].shape: n for x, n in named if n}
+        for x in op.inputs:
+            shape = g.tensors[x].shape
+            if g.tensors[x].role != "input" and shape in names and len(shape) > 1:
+                _label_gradient(g, x, names[shape], producer, body_out, labels)
+    seen: set = set()
+    layer = op_layers(g)
+    for op in g.ops:
+        if op.name in labels:
+            continue
+        kind = op.primitive
+        if kind in _CONTRACTIONS:
+            ws = [w for w in (weight(x) for x in op.inputs) if w]
+            if ws:  # the first read of a weight is the forward's; later ones the backward's
+                labels[op.name] = name(ws[0]) + (" bwd" if ws[0] in seen else "")
+                seen.add(ws[0])
+                continue
+            what = _between_activations(g, op)
+            if what:  # attention's matmuls: the first in a layer the forward's
+                key = (what, layer.get(op.name))
+                labels[op.name] = what + (" bwd" if key in seen else "")
+                seen.add(key)
+                continue
+        if kind in ATTENTION_FWD:
+            labels[op.name] = "attention"
+        elif kind in ATTENTION_BWD:
+            labels[op.name] = "attention bwd"
+        else:
+            labels[op.name] = kind
+    return labels
+
+
+def shown_ops(plan: Plan) -> dict[str, str]:
+    """Each op as reports show it: :func:`op_labels` where the plan has its graph (a plan
+    read from a file has none: its op ids)."""
+    return op_labels(plan.graph) if plan.graph is not None else {}
+
+
+def _between_activations(g: Graph, op) -> str | None:
+    """A matmul of two activations, by its dims: ``scores`` where its result holds two dims
+    of one kind (queries against keys: ``seq`` and ``seq#2``, ``dec_seq`` and ``enc_seq``),
+    ``attention`` where it sums over one of them (the scores times the values)."""
+
+    def kind(d: str) -> str:  # seq#2 -> seq; enc_seq -> seq (cross-attention's keys)
+        return d.split("#")[0].rsplit("_", 1)[-1]
+
+    out = [d for d in g.tensors[op.outputs[0]].dims if d]
+    kinds = [kind(d) for d in out]
+    if len(kinds) != len(set(kinds)):
+        return "scores"
+    summed = {d for x in op.inputs for d in g.tensors[x].dims if d} - set(out)
+    if {kind(d) for d in summed} & set(kinds):
+        return "attention"
+    return None
+
+
+def _state_name(g: Graph, t: str) -> str | None:
+    """The weight an optimizer state input belongs to (``opt_state/0/mu/layers/wq`` -> wq)."""
+    from ._roles import path_name
+
+    tt = g.tensors[t]
+    if tt.role == "input" and tt.path and "opt" in tt.path.split("/", 1)[0]:
+        return path_name(tt.path)
+    return None
+
+
+def _label_gradient(g, t, name, producer, body_out, labels, depth: int = 0) -> None:
+    """Labels the contraction that makes ``t`` (the gradient of ``name``), following sums,
+    casts and loop outputs back from the update."""
+    while depth < 12:
+        depth += 1
+        if t in body_out:
+            t = body_out[t]
+            continue
+        op = producer.get(t)
+        if op is None or op.name in labels:
+            return
+        if op.primitive in _CONTRACTIONS:
+            labels[op.name] = f"{name} grad"
+            return
+        if op.primitive not in _PASS_GRAD:
+            return
+        if op.primitive in _VIEWS:  # a cast or view: its one operand, whatever its shape
+            same = [x for x in op.inputs if g.tensors[x].size > 1][:1]
+        else:  # arithmetic: the operands of its shape (a sum: each)
+            same = [x for x in op.inputs if g.tensors[x].shape == g.tensors[t].shape
+                    and g.tensors[x].role != "input"]  # fmt: skip
+        if not same:
+            return
+        for x in same[1:]:  # a sum of gradients (a weight read twice): each part
+            _label_gradient(g, x, name, producer, body_out, labels, depth)
+        t = same[0]
+
+
 # --- tables -----------------------------------------------------------------------------------
 
 COLUMNS = [
@@ -328,7 +489,8 @@ def report_text(
     looped = int(df.trips.max()) if len(df) else 1
     unit, f = _time_unit(float(df.time_s.max()) if len(df) else 0.0)
     shown = shown_strategies([r.strategy for r in df.itertuples()])
-    rows = [[r.op, r.layer, _num(r.time_s / f), str(r.trips), r.collective or "-",
+    what = shown_ops(plan)
+    rows = [[what.get(r.op, r.op), r.layer, _num(r.time_s / f), str(r.trips), r.collective or "-",
              shown.get(r.strategy) or "replicated"] for r in df.itertuples()]  # fmt: skip
     head = f"costliest {len(rows)} ops: time per step ({unit})"
     if looped > 1:
