@@ -126,7 +126,8 @@ def op_layers(g: Graph) -> dict[str, str]:
 _CONTRACTIONS = ("dot_general", "conv_general_dilated", "ragged_dot")
 # ops that pass a weight or a gradient on whole: its cast, view, layer slice, or a sum into it
 _VIEWS = ("convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze",
-          "expand_dims", "copy", "copy_p", "dynamic_slice", "slice", "optimization_barrier")  # fmt: skip
+          "expand_dims", "copy", "copy_p", "dynamic_slice", "slice", "optimization_barrier",
+          "rev")  # fmt: skip
 _PASS_GRAD = _VIEWS + (
     "add",
     "add_any",
@@ -207,7 +208,7 @@ def op_labels(g: Graph) -> dict[str, str]:
                 labels[op.name] = name(ws[0]) + (" bwd" if ws[0] in seen else "")
                 seen.add(ws[0])
                 continue
-            what = _between_activations(g, op)
+            what = _between_activations(g, op) if kind == "dot_general" else None
             if what:  # attention's matmuls: the first in a layer the forward's
                 key = (what, layer.get(op.name))
                 labels[op.name] = what + (" bwd" if key in seen else "")
