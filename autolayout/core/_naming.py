@@ -139,8 +139,9 @@ def _dims(
     keys: list[int],
 ) -> tuple[_UnionFind, dict[int, str], Callable[[int, int], bool], Callable[[int, int], bool], int]:
     """Union-find that keeps one axis per tensor and one user name per class; returns it,
-    the user name of each named root and its guarded union. ``keys``: the live axes of
-    size > 1, in order."""
+    the user name of each named root, its guarded union, whether no tensor holds two
+    classes together, and how many copies of a layer the inputs show (1 where the user named
+    them). ``keys``: the live axes of size > 1, in order."""
     uf = _UnionFind(b.nax)
     parent = uf.parent
     members: dict[int, set[int]] = {}

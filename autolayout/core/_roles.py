@@ -2,7 +2,10 @@
 dim (Weisfeiler-Lehman colours of the program), and dims named by the role they play, found
 from the program's structure alone (no library is special-cased):
 
-* ``batch``: the leading axis of the data inputs; ``seq``: axis 1 of an integer rank-2 one.
+* ``batch``: the leading axis of the data inputs; ``seq``: axis 1 of an integer rank-2 one
+  (a second such input of another sequence: ``targets_seq``, after its path).
+  ``height``/``width`` (``length``, ``depth``) and ``channels``: the planes and the other
+  axis of a data input a conv reads (through a pad, a cast, vmap's reshapes).
 * ``vocab``: an axis a gather indexes with values derived from integer data (the embedding
   table's rows, the loss's logits); ``d_model``: the other axis of a rank-2 weight so indexed
   (else, in a model with attention, the dim most weights carry; else the feature axis of a
@@ -12,11 +15,17 @@ from the program's structure alone (no library is special-cased):
   softmax reads (the scores); ``head_dim``: that dot's contracted dim, and the values' free
   dim in the dot of the softmax with them; ``seq``: the scores' other dims (the positions of
   a model without token inputs); ``kv_heads`` and ``q_per_kv``: the parts a reshape merges
-  into ``heads`` (grouped-query attention's repeat).
+  into ``heads`` (grouped-query attention's repeat), or splits the queries' heads into.
+* ``experts``: a top-k over a router's logits whose size is a batch dim of stacked weights'
+  dots (both sides: one dim); ``top_k`` its choices, ``capacity`` each expert's slots.
 * ``d_ff``: a dim weight matmuls produce from ``d_model`` and contract back into it, over
-  two weights at least (an MLP's hidden units: the column/row pair Megatron splits).
-* otherwise a weight's path without its layer index and generic leaf names
-  (``down_proj.0`` for ``params/model/layers/17/mlp/down_proj/kernel`` axis 0)."""
+  two weights at least (an MLP's hidden units: the column/row pair Megatron splits), not
+  one weight's layer copies.
+* ``layers``: a scanned stack's leading axis, or an example-free axis the unrolled layers
+  read a row each of; ``kernel_height``/``kernel_width``: a conv weight's window.
+* otherwise a weight's path without its layer index and generic leaf names (``down_proj``
+  for ``params/model/layers/17/mlp/down_proj/kernel``), and what ``_naming`` derives from
+  named dims (a piece, a merge, a split)."""
 
 from __future__ import annotations
 
@@ -491,8 +500,8 @@ def _routing(b, pg, r, batch: set[int], carried: dict[int, int]) -> dict[str, li
     shapes = b.shapes
     routers: dict[int, list[int]] = {}  # experts -> the routers' logits' last axes
     for t, outs in pg.top_ks:  # (values and indices)
-        x = r(t, len(shapes[t]) - 1)
-        if shapes[t] and carried.get(x):
+        x = r(t, len(shapes[t]) - 1) if shapes[t] else -1
+        if carried.get(x):
             routers.setdefault(shapes[t][-1], []).append(x)
             out["top_k"] += [
                 r(o, len(shapes[t]) - 1)
