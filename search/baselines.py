@@ -5,19 +5,19 @@
   all-gathered before use and their gradients reduce-scattered.
 * ``megatron``: Megatron-LM tensor parallelism over every device: attention heads, the MLP's
   ``d_ff`` and the vocabulary split; two all-reduces per layer forward and backward.
-* ``2d``: Megatron tensor parallelism on a ``model`` axis, data parallelism on ``data``.
-* ``megatron_fsdp``: Megatron on ``model``, FSDP on ``fsdp``.
+* ``2d``: Megatron tensor parallelism on a ``tensor`` axis, data parallelism on ``data``.
+* ``megatron_fsdp``: Megatron on ``tensor``, FSDP on ``fsdp``.
 * ``megatron_sp``: Megatron+FSDP with Megatron-LM's sequence parallelism (Korthikanti et al.
-  2022): the tokens' sequence dims also split on ``model``, so the ops outside attention and
+  2022): the tokens' sequence dims also split on ``tensor``, so the ops outside attention and
   the MLP (norms, residuals, the activations saved for the backward pass) are split over
-  every device instead of repeated on the model axis. Only where the batch holds token ids.
+  every device instead of repeated on the tensor axis. Only where the batch holds token ids.
 * ``spatial``: spatial partitioning (Mesh-TF; Hou et al. 2019), only where the step has
   convolutions: the volume's spatial dims split over up to three mesh axes named after them,
   halos exchanged with the neighbours around every conv.
 
 Tensor-parallel dims are ``heads``, ``d_ff`` and ``vocab`` where the workload has them (the
 names of ``experiments/models``, and the names the tracer gives an unnamed model by role),
-with ``kv_heads`` where the model axis divides them; elsewhere the parameter dim that holds
+with ``kv_heads`` where the tensor axis divides them; elsewhere the parameter dim that holds
 the most bytes. The
 FSDP dim is ``d_model``, else every parameter dim in order of the bytes it holds (each weight
 takes the first that divides). Each layout is ``(mesh, rules)`` for ``al.evaluate``.
@@ -152,7 +152,7 @@ def standard_layout(
       >>> import autolayout as al
       >>> g = al.trace(al.load_workload("experiments/models/gpt.py"))
       >>> standard_layout(g, "2d", 8)
-      ({'data': 2, 'model': 4}, [('batch', ('data',)), ('heads', ('model',)), ('d_ff', ('model',)), ('vocab', ('model',))])
+      ({'data': 2, 'tensor': 4}, [('batch', ('data',)), ('heads', ('tensor',)), ('d_ff', ('tensor',)), ('vocab', ('tensor',))])
     """
     if name not in NAMES:
         raise RuleError(f"unknown standard layout {name!r}; known: {', '.join(NAMES)}")
@@ -168,7 +168,7 @@ def standard_layout(
         return mesh, [(d, (a,)) for sl, a in zip(slots, axis, strict=True) if a in mesh for d in sl]
     if name == "megatron":  # needs no batch dim
         tp = _with_kv(g, tp_dims(g, model_dims, devices), devices, model_dims)
-        return {"model": devices}, [(d, ("model",)) for d in tp]
+        return {"tensor": devices}, [(d, ("tensor",)) for d in tp]
     batch = batch_dim(g)
     tp = tp_dims(g, model_dims, devices)
     fsdp = ["d_model"] if "d_model" in g.dims else _param_dims(g, batch, devices)
@@ -179,16 +179,16 @@ def standard_layout(
     m = _split(devices, [g.dims[d] for d in tp])
     tp = _with_kv(g, tp, m, model_dims)
     if name == "2d":
-        return {"data": devices // m, "model": m}, [(batch, ("data",))] + [
-            (d, ("model",)) for d in tp
+        return {"data": devices // m, "tensor": m}, [(batch, ("data",))] + [
+            (d, ("tensor",)) for d in tp
         ]
     seq = seq_dims(g) if name == "megatron_sp" else []
     if name == "megatron_sp" and not seq:
         raise RuleError(f"workload {g.name!r}: no token sequence dim (sequence parallelism)")
-    rules = [(batch, ("fsdp",))] + [(d, ("model",)) for d in tp]
+    rules = [(batch, ("fsdp",))] + [(d, ("tensor",)) for d in tp]
     rules += [(d, ("fsdp",)) for d in fsdp if d not in seq]  # SP keeps the sequence
-    rules += [(d, ("model",)) for d in seq]
-    return {"fsdp": devices // m, "model": m}, first_rule_per_dim(rules)
+    rules += [(d, ("tensor",)) for d in seq]
+    return {"fsdp": devices // m, "tensor": m}, first_rule_per_dim(rules)
 
 
 def first_rule_per_dim(rules: list) -> list:

@@ -124,9 +124,9 @@ def test_standard_layouts_are_named_from_dims(gpt_graph):
     assert lays["dp"] == ({"data": 8}, [("batch", ("data",))])
     assert lays["fsdp"][1] == [("batch", ("fsdp",)), ("d_model", ("fsdp",))]
     assert "megatron" not in lays  # tiny GPT has 4 heads: pure TP on 8 does not divide
-    assert lays["megatron_fsdp"][0] == {"fsdp": 2, "model": 4}
-    mesh, rules = lays["megatron_sp"]  # Megatron+FSDP, the tokens' sequence on the model axis
-    assert (mesh, rules[:-1]) == lays["megatron_fsdp"] and rules[-1] == ("seq", ("model",))
+    assert lays["megatron_fsdp"][0] == {"fsdp": 2, "tensor": 4}  # Megatron's axis: tensor
+    mesh, rules = lays["megatron_sp"]  # Megatron+FSDP, the tokens' sequence on the tensor axis
+    assert (mesh, rules[:-1]) == lays["megatron_fsdp"] and rules[-1] == ("seq", ("tensor",))
 
 
 def test_sequence_parallel_needs_tokens_and_splits_the_saved_activations():
@@ -143,7 +143,7 @@ def test_sequence_parallel_needs_tokens_and_splits_the_saved_activations():
         standard_layout(mlp, "megatron_sp", 8)
     wl = load_model("gpt", size="gpt3-175b", layers=2, remat="full", attention="naive")
     g = al.trace(wl)
-    mesh = {"fsdp": 32, "model": 16}
+    mesh = {"fsdp": 32, "tensor": 16}
     mem = {}
     for name in ("megatron_fsdp", "megatron_sp"):
         rules = standard_layout(g, name, 512)[1]
@@ -334,4 +334,4 @@ def test_a_position_table_gets_one_rule_under_sequence_parallelism():
         al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g)
     mesh, rules = layouts["megatron_sp"]
     seq = next(d for d, _ in rules[::-1])  # SP's rule comes last
-    assert dict(rules)[seq] == ("model",)
+    assert dict(rules)[seq] == ("tensor",)
