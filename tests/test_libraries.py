@@ -56,7 +56,7 @@ def test_layer_copies_share_their_dims_and_megatron_splits_heads_and_d_ff():
     assert roles == {d for d in one.dims if ":" not in d}
     layouts = standard_layouts(three, 4)
     assert {"heads", "d_ff"} <= {d for d, _ in layouts["megatron"][1]}
-    assert {"heads", "d_ff"} <= {d for d, a in layouts["2d"][1] if a == ("model",)}
+    assert {"heads", "d_ff"} <= {d for d, a in layouts["2d"][1] if a == ("tensor",)}
 
 
 def test_an_equinox_models_report_groups_its_ops_by_block_not_by_module_class():
