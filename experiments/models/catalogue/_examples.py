@@ -148,11 +148,11 @@ def build(name: str, size: str = "tiny", dtype: str = "") -> al.Workload:
     if name.startswith("eqx_"):
         if name == "eqx_mlp":
 
-            def make(key):  # fmt: skip
+            def make(key):
                 return eqx.nn.MLP(c["image"] ** 2, 10, c["width"], c["depth"], key=key)
         else:
 
-            def make(key):  # fmt: skip
+            def make(key):
                 return EqxCNN(key, c["width"], c["image"])
 
         static, init = _eqx(make, dt)
@@ -165,11 +165,11 @@ def build(name: str, size: str = "tiny", dtype: str = "") -> al.Workload:
         return image_workload(wl_name, apply, init, c, options, channels_first=True)
     if name == "nnx_mlp":
 
-        def make(rngs):  # fmt: skip
+        def make(rngs):
             return NnxMLP(c["image"] ** 2, c["width"], 10, rngs=rngs)
     else:
 
-        def make(rngs):  # fmt: skip
+        def make(rngs):
             return NnxCNN(rngs=rngs, width=c["width"], side=c["image"])
 
     graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))), nnx.Param, ...)

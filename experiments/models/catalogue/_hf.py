@@ -42,8 +42,8 @@ HEADS = {
 SUFFIX = {"seq2seq": "s2s", "causal-lm": "clm", "masked-lm": "mlm", "image-classification": "img"}
 # the head classes listed under another model type too: the same code, one entry
 ALIASES = {"gpt-sw3": "gpt2 (hf_gpt2_clm): the same class, FlaxGPT2LMHeadModel, and config"}
-# the library wrappers that already are an entry's model (experiments/models/libraries/)
 BATCH_STATS = ("resnet", "regnet")  # the classifiers with BatchNorm: train=True, its state
+# the library wrappers that already are an entry's model (experiments/models/libraries/)
 WRAPPED = {"hf_llama_clm": ("hf_llama.py", "llama2-7b"), "hf_mistral_clm": ("hf_mistral.py", "mistral-7b"),
            "hf_bert_mlm": ("hf_bert.py", "bert-large"), "hf_t5_s2s": ("hf_t5.py", "t5-3b")}  # fmt: skip
 
@@ -282,7 +282,7 @@ def build(name: str, cls: str, family: str, model_type: str, size: str = "tiny",
                               {**c, "vocab": V}, options)  # fmt: skip
     if family == "masked-lm":
 
-        def loss(params, batch):  # fmt: skip
+        def loss(params, batch):
             return masked_lm_loss(model(batch["tokens"], params=params).logits, batch["tokens"])
 
         return text_workload(wl_name, loss, init, {"tokens": (B, c["seq"])}, V, options)

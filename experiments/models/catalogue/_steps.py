@@ -68,11 +68,11 @@ def image_workload(name: str, apply: Callable, init: Any, c: dict, options: dict
 
     if state is None:
 
-        def loss(params, batch):  # fmt: skip
+        def loss(params, batch):
             return ce(apply(params, batch["images"]), batch["labels"])
     else:
 
-        def loss(params, st, batch):  # fmt: skip
+        def loss(params, st, batch):
             logits, new = apply(params, st, batch["images"])
             return ce(logits, batch["labels"]), new
 
