@@ -10,7 +10,7 @@ import time
 from autolayout.core import Graph, Hardware, RuleError, base_name
 from autolayout.cost_models import RuleSet, plan_from_costs, price
 
-from .baselines import batch_dim, spatial_dims
+from .baselines import batch_dim, seq_dims, spatial_dims
 from .clock import clock
 from .interrupt import interrupted
 from .liveness import memory_peak
@@ -30,7 +30,6 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     A mesh the user gave keeps its names. Weights are the inputs without the batch dim; a
     dim is experts or sequence by its name, ``#`` and size left out (``seq#2``, the tracer's
     ``seq`` by role, the token inputs' ``enc_seq``)."""
-    from .baselines import seq_dims
 
     req = r.request
     if r.named:

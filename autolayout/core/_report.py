@@ -14,9 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
 from ._errors import PlanError
 from ._ir import Tensor, per_graph, shown_names
 from ._layout import local_bytes, mesh_text
+from ._roles import path_name
 
 if TYPE_CHECKING:
     from ._ir import Graph
@@ -153,9 +155,6 @@ def op_labels(g: Graph) -> dict[str, str]:
     followed from the optimizer's update through casts, sums and loops); attention is
     ``attention`` / ``attention bwd``; any other op its primitive. Weights are named by their
     paths (``params/layers/wq`` -> ``wq``, as dims are)."""
-    from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
-    from ._roles import path_name
-
     producer = {o: op for op in g.ops for o in op.outputs}
     inner: dict[str, str] = {}  # a loop body's input -> what the loop feeds it
     body_out: dict[str, str] = {}  # a loop's output -> the body's tensor it is
@@ -249,8 +248,6 @@ def _between_activations(g: Graph, op) -> str | None:
 
 def _state_name(g: Graph, t: str) -> str | None:
     """The weight an optimizer state input belongs to (``opt_state/0/mu/layers/wq`` -> wq)."""
-    from ._roles import path_name
-
     tt = g.tensors[t]
     if tt.role == "input" and tt.path and "opt" in tt.path.split("/", 1)[0]:
         return path_name(tt.path)
