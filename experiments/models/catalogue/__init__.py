@@ -43,6 +43,10 @@ class Entry:
     build: Callable[..., al.Workload]
     published: str
     head: str = ""  # the library's class or constructor
+    # what MFU it can reach is judged against (experiments/catalogue.py's "silly"):
+    # transformer, convnet, depthwise-convnet (memory-bound separable convolutions) or
+    # mnist-example (a tutorial's model, whatever its batch)
+    kind: str = "transformer"
 
     def __repr__(self) -> str:
         return f"Entry({self.name}: {self.library} {self.family}, {self.published})"
@@ -51,16 +55,21 @@ class Entry:
 def _entries() -> dict[str, Entry]:
     out = {}
     for name, (family, model_type, cls, published) in _hf.entries()[0].items():
+        kind = "convnet" if model_type in _hf.BATCH_STATS else "transformer"
         out[name] = Entry(name, family, "transformers",
-                          partial(_hf.build, name, cls, family, model_type), published, cls)  # fmt: skip
+                          partial(_hf.build, name, cls, family, model_type), published, cls,
+                          kind)  # fmt: skip
     for family, published in _keras.PUBLISHED.items():
         name = f"keras_{family}"
+        kind = "depthwise-convnet" if family in _keras.DEPTHWISE else "convnet"
         out[name] = Entry(name, "image-classification", "keras", partial(_keras.build, family),
-                          published, f"keras.applications.{family}")  # fmt: skip
+                          published, f"keras.applications.{family}", kind)  # fmt: skip
     for name, published in _examples.PUBLISHED.items():
         library = "equinox" if name.startswith("eqx_") else "flax-nnx"
         family = _examples.FAMILY.get(name, "image-classification")
-        out[name] = Entry(name, family, library, partial(_examples.build, name), published)
+        kind = "mnist-example" if name in _examples.SIZES else "transformer"
+        out[name] = Entry(name, family, library, partial(_examples.build, name), published,
+                          kind=kind)  # fmt: skip
     return out
 
 

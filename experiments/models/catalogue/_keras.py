@@ -79,6 +79,16 @@ FAMILIES: dict[str, tuple[tuple[Callable, int], tuple[Callable, int]]] = {
     "xception": ((APPS.Xception, 71), (APPS.Xception, 299)),
 }
 # fmt: on
+# the families built of depthwise-separable convolutions (memory-bound: their MFU is low)
+DEPTHWISE = (
+    "efficientnet",
+    "efficientnet_v2",
+    "mobilenet",
+    "mobilenet_v2",
+    "mobilenet_v3",
+    "nasnet",
+    "xception",
+)  # fmt: skip
 ALIASES = {"resnet50": "resnet"}  # keras.applications.resnet50: ResNet50 of the resnet module
 PUBLISHED = {f: getattr(pub, "__name__", f) for f, (_, (pub, _)) in FAMILIES.items()}
 # the tiny step: 8 images of 10 classes; the published one: 1,024 images of 1,000
