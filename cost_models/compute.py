@@ -28,6 +28,12 @@ _DTYPE_KEYS = {
     "float16": ("fp16", "bf16"),
     "float32": ("f32",),
     "int8": ("int8",),
+    # wider integer dots (a block-sparse mask's einsum: Flax BigBird) run off the matrix
+    # units' fast paths: priced at the chip's slowest float rate it states
+    "int16": ("f32_highest", "f32", "bf16"),
+    "int32": ("f32_highest", "f32", "bf16"),
+    "int64": ("f32_highest", "f32", "bf16"),
+    "uint32": ("f32_highest", "f32", "bf16"),
     "float8_e4m3fn": ("fp8",),
     "float8_e5m2": ("fp8",),
 }

@@ -34,6 +34,10 @@ def test_peak_by_dtype():
         match=r"hw_profiles/h100.toml: no peak FLOP/s for dtype 'int8'.*add chip.peak_flops.int8",
     ):
         peak_flops(al.hardware("h100"), "int8")
+    # a wider integer dot (Flax BigBird's band mask) runs off the fast paths: the slowest float
+    # rate the profile states (was an error: the model could not be planned)
+    assert peak_flops(al.hardware("h100"), "int32") == 6.7e13
+    assert peak_flops(al.hardware("tpu-v4-8"), "int32") == 2.75e14
 
 
 def test_a_plan_says_what_its_3d_convolutions_are_priced_at():
