@@ -9,3 +9,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # ten time limits here, so that a busy CI machine does not cut a plan a test checks
 # (tests/test_clock.py checks the stop at its default)
 os.environ.setdefault("AUTOLAYOUT_WALL_SLACK", "10")
+
+# pytest-xdist's workers (.ci/run: -n 2) start with SIGINT ignored, and every process they
+# start inherits that: the interrupt tests need a process as a user's shell starts it
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)

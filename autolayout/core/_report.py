@@ -479,7 +479,7 @@ def report_text(
     a step and its row is the sum of those runs, as each table's title says."""
     width = max(width, 40)
     label = max(len(k) for k, _ in summary_rows(plan)) + 2
-    out = [title] if title else []
+    out = _wrap(title, width) if title else []  # a plan's path may be longer than the width
     for k, v in summary_rows(plan):
         lines = [w for part in str(v).split("\n") for w in _wrap(part, width - label)]
         out += [(k if i == 0 else "").ljust(label) + line for i, line in enumerate(lines)]
@@ -569,11 +569,12 @@ def _bytes(x: float) -> str:
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width``, broken after spaces or commas where it can,
-    else mid-word (a long op name)."""
+    """``text`` in lines of at most ``width``, broken after spaces, commas or a path's slashes
+    where it can, else mid-word (a long op name)."""
     lines: list[str] = []
     while len(text) > width:
-        cut = max(text.rfind(" ", 0, width + 1), text.rfind(",", 0, width) + 1)
+        cut = max(text.rfind(" ", 0, width + 1), text.rfind(",", 0, width) + 1,
+                  text.rfind("/", 0, width) + 1)  # fmt: skip
         if text[cut : cut + 1] == "," and cut > 1:  # a comma does not begin a line
             cut -= 1
         cut = cut if cut > 0 else width
