@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autolayout.core import Graph, Hardware, local_bytes, op_index, per_graph
+from autolayout.core import Graph, Hardware, local_bytes, loop_links, op_index, per_graph
 
 from .compute import peak_flops
 from .memory import aliased_outputs, liveness_peak
@@ -218,10 +218,7 @@ def _loss_op(g: Graph, t: str, producer: dict[str, str], index: dict[str, int]) 
     (gradient accumulation returns the mean of a loop's summed microbatch losses: the
     backward passes are in the loop, after each microbatch's loss)."""
     ops = {op.name: op for op in g.ops}
-    body_of = {}  # a loop's output -> the body's tensor it is
-    for op in g.ops:
-        for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
-            body_of[o] = b
+    body_of = loop_links(g)[1]  # a loop's output -> the body's tensor it is
     seen: set[str] = set()
     name = producer[t]
     while t not in seen:
@@ -259,10 +256,7 @@ def recomputed_ops(g: Graph) -> set[str]:
     if not losses:
         return set()
     end = max(index[p] for p in losses)
-    outer: dict[str, str] = {}  # a loop body's input -> the tensor the loop feeds it
-    for op in g.ops:
-        for o, b in op.param("body_inputs", ()):
-            outer[b] = o
+    outer = loop_links(g)[0]  # a loop body's input -> the tensor the loop feeds it
     again: set[str] = set()
     cot: dict[str, bool] = {}
 

@@ -340,7 +340,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     extra_end = end + 0.5 * max(0.0, acc_end - end)
     for tag in sorted(order[fit:], key=_saving_rank):
         left = extra_end - now()
-        if (best is not None and not best[0][0]) or interrupted() or left <= max(least, 0.0):
+        if (best is not None and not best[0][0]) or interrupted() or left <= least:
             break
         rank(tag, min(each, left))
     for tag in order:

@@ -248,6 +248,20 @@ def op_index(g: Graph) -> dict[str, int]:
     return {op.name: i for i, op in enumerate(g.ops)}
 
 
+@per_graph
+def loop_links(g: Graph) -> tuple[dict[str, str], dict[str, str]]:
+    """Where loops hand tensors over: each body input -> the tensor the loop feeds it, and
+    each loop output -> the body's tensor it is (the first branch's, for a ``cond``)."""
+    outer: dict[str, str] = {}
+    body: dict[str, str] = {}
+    for op in g.ops:
+        for o, b in op.param("body_inputs", ()):
+            outer[b] = o
+        for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
+            body[o] = b
+    return outer, body
+
+
 class GraphInvariantError(AssertionError):
     """A graph broke an IR invariant: a bug in the pass that built it."""
 

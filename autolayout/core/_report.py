@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
 from ._errors import PlanError
-from ._ir import Tensor, per_graph, shown_names
+from ._ir import Tensor, loop_links, per_graph, shown_names
 from ._layout import local_bytes, mesh_text
 from ._roles import path_name
 
@@ -156,13 +156,7 @@ def op_labels(g: Graph) -> dict[str, str]:
     ``attention`` / ``attention bwd``; any other op its primitive. Weights are named by their
     paths (``params/layers/wq`` -> ``wq``, as dims are)."""
     producer = {o: op for op in g.ops for o in op.outputs}
-    inner: dict[str, str] = {}  # a loop body's input -> what the loop feeds it
-    body_out: dict[str, str] = {}  # a loop's output -> the body's tensor it is
-    for op in g.ops:
-        for o, b in op.param("body_inputs", ()):
-            inner[b] = o
-        for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
-            body_out[o] = b
+    inner, body_out = loop_links(g)
     memo: dict[str, str | None] = {}
 
     def weight(t: str, depth: int = 0) -> str | None:
@@ -188,9 +182,11 @@ def op_labels(g: Graph) -> dict[str, str]:
     labels: dict[str, str] = {}
     # gradients: the tensor the optimizer's update reads beside a weight (or its moments)
     for op in g.ops:
-        named = [(x, _state_name(g, x) or (w and name(w))) for x in op.inputs if (w := weight(x))
-                 or _state_name(g, x)]  # fmt: skip
-        names = {g.tensors[x].shape: n for x, n in named if n}
+        names = {}  # shape -> the weight named by an input of it
+        for x in op.inputs:
+            n = _state_name(g, x) or ((w := weight(x)) and name(w))
+            if n:
+                names[g.tensors[x].shape] = n
         for x in op.inputs:
             shape = g.tensors[x].shape
             if g.tensors[x].role != "input" and shape in names and len(shape) > 1:
