@@ -206,6 +206,11 @@ def test_a_dead_peer_ends_the_other_process_with_one_line(gpt, tmp_path):
         for i in range(2)
     ]  # fmt: skip
     _wait_for(tmp_path / "out0", "step 3:")
+    # the save of step 2 runs in the background: under load it may not have landed by step 3
+    end = time.monotonic() + 240
+    while not any(d.name.isdigit() for d in ck.glob("*")):
+        assert time.monotonic() < end and all(q.poll() is None for q in procs)
+        time.sleep(0.2)
     procs[1].kill()
     t = time.monotonic()
     rc = procs[0].wait(timeout=90)
