@@ -48,16 +48,33 @@ def microbatch_counts(batch: int, base: Plan | None = None, fixed: int | None = 
         return ks[:COUNTS]
     if base.status != "INFEASIBLE":  # it fits: accumulation competes on time, least first
         return ks[:COUNTS]
-    s = base.predicted
-    need = base.solver.get("least_memory_bytes", s["memory_bytes_per_device"])
-    act = s.get("memory_by_category", {}).get("activations", 0)
-    act *= need / max(1.0, s["memory_bytes_per_device"])
-    first = next(
-        (i for i, k in enumerate(ks) if need - act + act / k <= s["memory_limit_bytes"]), None
-    )
+    limit = base.predicted["memory_limit_bytes"]
+    first = next((i for i, k in enumerate(ks) if estimate(written_memory(base), k) <= limit), None)
     if first is None:  # no count fits by the estimate: the largest ones
         return ks[-COUNTS:]
     return ks[first : first + COUNTS]
+
+
+def written_memory(p: Plan) -> tuple[float, float]:
+    """The bytes a device needs for ``p``'s step at the least (the plan that needs least
+    memory, where the search found one) and its activations, by ``p``'s figures."""
+    s = p.predicted
+    need = p.solver.get("least_memory_bytes", s["memory_bytes_per_device"])
+    act = s.get("memory_by_category", {}).get("activations", 0)
+    return need, act * need / max(1.0, s["memory_bytes_per_device"])
+
+
+def estimate(memory: tuple[float, float], k: int) -> float:
+    """The memory a device needs for a step that needs ``memory`` (bytes, activations)
+    accumulated over ``k`` microbatches, at the least: its activations divided by ``k``,
+    the rest unchanged."""
+    need, act = memory
+    return need - act + act / k
+
+
+# an as-written candidate is skipped where the as-written step's estimate at its count is
+# this many times the limit (the estimate is rough: no candidate near the limit is skipped)
+HOPELESS = 1.5
 
 
 def _inner(tag: str) -> Callable[[Workload], Workload] | None:
@@ -81,13 +98,16 @@ def plan_accumulation(
     base: Plan | None = None,
     fixed: int | None = None,
     policies: tuple[str, ...] = (AS_WRITTEN,),
+    written: tuple[float, float] | None = None,
 ) -> tuple[Plan | None, list[dict[str, Any]], str]:
     """The best accumulated plan of ``workload`` (``None`` where there is none), one row per
     candidate tried, and why there is none. ``plan_fn``: the planner (``search.plan``);
     ``kw`` its arguments; ``budget``: this part's share of the call's budget, in its clock;
     ``base``: the plan of the step as written (its memory picks the counts); ``fixed``: the
     count ``--microbatches`` gives; ``policies``: remat inside each microbatch, tried in order
-    for each count."""
+    for each count; ``written``: what the step as written needs a device (bytes,
+    activations) at the least, where known (an as-written candidate it says is
+    :data:`HOPELESS` is not tried)."""
     why = accumulation_refusal(workload)
     if why is not None:
         return None, [], why
@@ -100,15 +120,26 @@ def plan_accumulation(
     if not ks:
         return None, [], f"a batch of {batch} cannot be cut into microbatches"
     cands = [(k, pol) for k in ks for pol in dict.fromkeys(policies)]
+    tried: list[dict[str, Any]] = []
+    if written is not None and not fixed:
+        limit = (base.predicted["memory_limit_bytes"] if base is not None
+                 else hw.hbm_limit_bytes)  # fmt: skip
+        for k, pol in list(cands):
+            if pol == AS_WRITTEN and (need := estimate(written, k)) > HOPELESS * limit:
+                cands.remove((k, pol))
+                tried.append({"microbatches": k, "remat": pol, "error": (
+                    f"not tried: the step as written needs at least {_gib(need)} per "
+                    f"device over {k} microbatches, of {_gib(limit)}")})  # fmt: skip
+    if not cands:
+        return None, tried, "the step as written would not fit at any count tried"
     ops = len(graph.ops) if graph is not None else 0
     least = Clock.least_work(ops) if ops and clock().deterministic else 0.0
     fit = max(1, min(len(cands), int(budget // least))) if least > 0 else len(cands)
     each = budget / fit
-    tried: list[dict[str, Any]] = []
     best: Plan | None = None
     done_k = None
     for k, pol in cands[:fit]:
-        if interrupted() or (done_k is not None and k != done_k):
+        if interrupted() or clock().walled or (done_k is not None and k != done_k):
             break
         try:
             wl = accumulate(workload, k, remat=_inner(pol))

@@ -54,10 +54,16 @@ from autolayout.core import (
     trace,
 )
 from autolayout.core import remat as remat_workload
-from autolayout.cost_models import check_mesh, donated_inputs, evaluate, recomputed_ops
+from autolayout.cost_models import (
+    check_mesh,
+    donated_inputs,
+    evaluate,
+    liveness_peak,
+    recomputed_ops,
+)
 
 from .accumulation import better as accumulation_better
-from .accumulation import plan_accumulation
+from .accumulation import plan_accumulation, written_memory
 from .accumulation import record as record_accumulation
 from .accumulation import why_chosen as accumulation_why
 from .baselines import layouts_and_misses
@@ -280,6 +286,18 @@ def remat_candidates(graph: Graph | None, hw: Hardware | str) -> tuple[str, ...]
     return REMAT_CANDIDATES + selective + named + offloaded
 
 
+def memory_floor(workload: Workload | None, graph: Graph, hw: Hardware) -> tuple[int, int]:
+    """The least bytes a device needs for ``graph``'s step under any layout, and its
+    activations at that peak: every tensor split evenly over every device, in the schedule
+    XLA runs (a layout splits no tensor finer, and its resharded copies only add)."""
+    n = max(1, hw.num_devices)
+    mem = liveness_peak(
+        graph, lambda t: -(-graph.tensors[t].nbytes // n), donated_inputs(workload, graph),
+        stacks_at_start=hw.efficiency.scan_stacks_at_start, barriers=hw.efficiency.remat_barriers,
+    )  # fmt: skip
+    return mem.peak_bytes, mem.by_category.get("activations", 0)
+
+
 def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw: dict) -> Plan:
     """``plan(remat="auto")``: the step as written if it fits; else the policies of
     :func:`remat_candidates` the budget can plan ranked on an equal part of a share of it,
@@ -292,16 +310,25 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         charge(Clock.TRACE_OP_S * len(graph.ops))
     # what one plan of this step takes at the least: traced, seeded on a shape, priced
     least = Clock.least_work(len(graph.ops)) if clock().deterministic else 0.0
-    # the step as written with the whole budget: a step that fits is searched as remat=
-    # "as_written" searches it; one whose hand layouts and greedy descent fit nowhere by
-    # AUTO_FIRST of the budget ends there, and the candidates share the rest
-    token = _PROBE.set(now() + min(budget, max(AUTO_FIRST * budget, least)))
-    try:
-        first = plan(workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=budget))
-    finally:
-        _PROBE.reset(token)
-    if interrupted() or first.status != "INFEASIBLE":  # a Ctrl-C: the answer so far
-        return first
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    limit = kw["memory_limit"] if kw["memory_limit"] is not None else hw.hbm_limit_bytes
+    floor = memory_floor(workload, graph, hw)
+    first = None
+    if floor[0] <= limit:
+        # the step as written with the whole budget: a step that fits is searched as remat=
+        # "as_written" searches it; one whose hand layouts and greedy descent fit nowhere by
+        # AUTO_FIRST of the budget ends there, and the candidates share the rest
+        token = _PROBE.set(now() + min(budget, max(AUTO_FIRST * budget, least)))
+        try:
+            first = plan(
+                workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=budget)
+            )
+        finally:
+            _PROBE.reset(token)
+        if interrupted() or first.status != "INFEASIBLE":  # a Ctrl-C: the answer so far
+            return first
+    # else no layout fits it (its tensors split evenly over every device need more): the
+    # candidates have the whole budget (HF Mistral-7B on h100-64: 5 s of a 30 s limit)
     # gradient accumulation takes ACCUMULATION_SHARE of what is left (search/accumulation)
     acc_end, end = end, _accumulation_split(workload, end)
     cands = remat_candidates(graph, hw)
@@ -309,8 +336,8 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     fit = max(1, min(len(cands), int(share // least))) if least > 0 else len(cands)
     each = share / fit
     order = list(cands)
-    need = first.solver.get("least_memory_bytes", first.predicted["memory_bytes_per_device"])
-    if fit < len(cands) and need > 2 * first.predicted["memory_limit_bytes"]:
+    written = floor if first is None else written_memory(first)
+    if fit < len(cands) and written[0] > 2 * limit:
         order.sort(key=_saving_rank)  # far from fitting: the policies that save most first
     tried: dict[str, dict] = {}
     best = None
@@ -333,6 +360,8 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
             best = (key, wl, p)
 
     for tag in order[:fit]:
+        if interrupted() or clock().walled:  # the stop came: the answer so far
+            break
         rank(tag, each)
     # none of those fits: the budget kept for searching one further, and half of gradient
     # accumulation's, go to ranking the policies that save more, most first (bloom-7b1 on
@@ -340,7 +369,12 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     extra_end = end + 0.5 * max(0.0, acc_end - end)
     for tag in sorted(order[fit:], key=_saving_rank):
         left = extra_end - now()
-        if (best is not None and not best[0][0]) or interrupted() or left <= least:
+        if (
+            (best is not None and not best[0][0])
+            or interrupted()
+            or clock().walled
+            or left <= least
+        ):
             break
         rank(tag, min(each, left))
     for tag in order:
@@ -348,17 +382,26 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
                                "error": "not ranked: the time limit leaves no budget for it"})  # fmt: skip
     in_order = [tried[t] for t in cands]
     if best is None:
+        if first is None:  # the answer: the step as written, with what is left
+            first = plan(
+                workload,
+                hw,
+                graph=graph,
+                remat=AS_WRITTEN,
+                **dict(kw, time_limit_s=max(0.0, end - now())),
+            )
         first.solver["remat"]["tried"] = in_order
-        return _then_accumulate(first, workload, hw, graph, kw, acc_end)
+        return _then_accumulate(first, workload, hw, graph, kw, acc_end, written)
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
-    # own plan where that search came out slower
-    ranked = best[2]
-    chosen = _faster(
-        ranked, plan(best[1], hw, graph=ranked.graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now()))
-    )  # fmt: skip
+    # own plan where that search came out slower (or where the wall-clock stop has come)
+    ranked = chosen = best[2]
+    if not clock().walled:
+        chosen = _faster(
+            ranked, plan(best[1], hw, graph=ranked.graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now()))
+        )  # fmt: skip
     chosen.solver["remat"]["tried"] = in_order
     chosen.solver["remat"]["ranked_s"] = each
-    return _then_accumulate(chosen, workload, hw, graph, kw, acc_end)
+    return _then_accumulate(chosen, workload, hw, graph, kw, acc_end, written)
 
 
 ACCUMULATION_SHARE = 0.5  # of what remat="auto" has left where the step as written does not fit
@@ -373,24 +416,42 @@ def _accumulation_split(workload: Workload, end: float) -> float:
     return now() + (1 - ACCUMULATION_SHARE) * max(0.0, end - now())
 
 
-def _then_accumulate(chosen, workload, hw, graph, kw, acc_end) -> Plan:
-    """``remat="auto"``'s plan ``chosen`` (where the step as written does not fit), or the
-    step accumulated over microbatches where that fits where ``chosen`` does not, or is
-    faster; searched until ``acc_end``."""
+def _then_accumulate(chosen, workload, hw, graph, kw, acc_end, written) -> Plan:
+    """``remat="auto"``'s plan ``chosen`` (where the step as written does not fit: it needs
+    ``written``, bytes and activations a device, at the least), or the step accumulated over microbatches where that fits
+    where ``chosen`` does not, or is faster; searched until ``acc_end``."""
     why = accumulation_refusal(workload)
-    if why is not None or interrupted():
-        return record_accumulation(chosen, 1, why or "interrupted")
+    if why is None and interrupted():
+        why = "interrupted"
+    elif why is None and clock().walled:
+        why = "not tried: the wall-clock limit came first"
+    elif why is None and chosen.status != "INFEASIBLE" and acc_end - now() <= 0:
+        # it would compete on time alone; where ``chosen`` does not fit it is tried whatever
+        # is left (the least it takes): it is the step's one way left to fit
+        why = "not tried: the time limit leaves no budget for it (the step without it fits)"
+    if why is not None:
+        return record_accumulation(chosen, 1, why)
     pol = chosen.solver.get("remat", {}).get("policy", AS_WRITTEN)
+    # where ``chosen`` fits, accumulating can win only by sparing its recomputation: the
+    # step as written; its own policy over microbatches recomputes as much, and gathers more.
+    # Where it does not, its policy first (it saves more: the likelier to fit)
+    policies = (pol, AS_WRITTEN) if chosen.status == "INFEASIBLE" else (AS_WRITTEN,)
     acc, tried, none = plan_accumulation(
         workload, hw, plan_fn=plan, kw=kw, budget=max(0.0, acc_end - now()), graph=graph,
-        base=chosen, policies=(AS_WRITTEN, pol),
+        base=chosen, policies=policies, written=written,
     )  # fmt: skip
     if accumulation_better(chosen, acc):
+        # the policies remat="auto" ranked for the step without accumulation
+        acc.solver["remat"]["tried"] = (
+            acc.solver["remat"]["tried"] or chosen.solver["remat"]["tried"]
+        )
         return record_accumulation(acc, acc.options["accumulation"],
                                    accumulation_why(acc, chosen, None), tried)  # fmt: skip
     kept = "the step without accumulation fits" if chosen.status != "INFEASIBLE" else (
         "no microbatch count tried fits either")  # fmt: skip
-    return record_accumulation(chosen, 1, none or kept, tried)
+    return record_accumulation(
+        chosen, 1, kept if chosen.status != "INFEASIBLE" else none or kept, tried
+    )
 
 
 def _fixed_accumulation(workload, hw, graph, kw, remat, microbatches) -> Plan:

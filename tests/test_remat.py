@@ -131,6 +131,45 @@ def test_auto_remat_ranks_policies_that_save_more_where_those_ranked_do_not_fit(
     assert p.status != "INFEASIBLE" and p.solver["remat"]["policy"].startswith("nothing_saveable")
 
 
+@pytest.mark.parametrize("model", ["gpt", "moe", "unet3d", "mlp"])
+def test_the_memory_floor_is_below_every_plan_and_skips_a_written_step_it_rules_out(
+    model, monkeypatch
+):
+    """``memory_floor`` (every tensor split evenly over every device) is a lower bound: no
+    plan on any mesh needs less. Under it, remat="auto" does not search the step as written
+    (no layout fits it) and goes to the policies with the whole budget (HF Mistral-7B on
+    h100-64 spent 5 s of a 30 s limit there)."""
+    from autolayout.search import planner
+
+    wl = load_model(model)
+    hw = al.hardware("cpu-8")
+    floor, act = planner.memory_floor(wl, al.trace(wl), hw)
+    assert 0 < act < floor
+    for mesh in ({"data": 8}, {"fsdp": 8}, {"data": 2, "tensor": 4}, None):
+        p = al.plan(wl, hw, mesh=mesh, objective="memory", time_limit_s=1, remat="as_written")
+        assert floor <= p.predicted["memory_bytes_per_device"], (mesh, p.mesh)
+    probes = []
+    real = planner._PROBE.set
+    monkeypatch.setattr(
+        planner,
+        "_PROBE",
+        type(
+            "Spy",
+            (),
+            {
+                "set": staticmethod(lambda v: probes.append(v) or real(v)),
+                "reset": staticmethod(planner._PROBE.reset),
+                "get": staticmethod(planner._PROBE.get),
+            },
+        )(),
+    )
+    al.plan(wl, hw, memory_limit=floor * 2, time_limit_s=2, remat="auto")
+    assert len(probes) == 1  # above the floor: the step as written is probed
+    p = al.plan(wl, hw, memory_limit=floor // 2, time_limit_s=2, remat="auto")
+    assert len(probes) == 1 and p.status == "INFEASIBLE"  # under it: not probed
+    assert p.solver["remat"]["tried"] and p.options.get("remat_policy") != "as_written"
+
+
 def test_plan_cli_prints_the_policy_and_a_bad_policy_is_one_line():
     r = CliRunner().invoke(main, ["plan", str(MODELS / "gpt.py"), "--hw", "cpu-8",
                                   "--remat", "dots_saveable", "--time-limit", "3"])  # fmt: skip

@@ -258,7 +258,10 @@ def accumulate(workload: Workload, microbatches: int, remat: Any = None) -> Work
     def grad_fn(params, batch):
         return jax.value_and_grad(loss_fn)(params, batch)
 
-    grad_wl = Workload(grad_fn, (params, jax.tree.map(cut, batch)), name=workload.name)
+    # the parameters are state, not data: al.remat looks for the layers from the data alone
+    grad_wl = Workload(
+        grad_fn, (params, jax.tree.map(cut, batch)), name=workload.name, donate_argnums=(0,)
+    )
     written = getattr(workload.fn, "remat_policy", None)  # a step al.remat rewrote already
     if remat is None and written and written != "as_written":
         remat = functools.partial(remat_workload, policy=written)
