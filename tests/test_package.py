@@ -50,7 +50,7 @@ def test_wheel_holds_only_the_autolayout_namespace(tmp_path):
         .read(next(n for n in names if n.endswith("entry_points.txt")))
         .decode()
     )
-    assert "autolayout = autolayout._cli:main" in entry
+    assert "autolayout = autolayout._cli:entry" in entry
 
 
 def test_jax_sees_eight_cpu_devices():
