@@ -48,8 +48,8 @@ def microbatch_counts(batch: int, base: Plan | None = None, fixed: int | None = 
         return ks[:COUNTS]
     if base.status != "INFEASIBLE":  # it fits: accumulation competes on time, least first
         return ks[:COUNTS]
-    limit = base.predicted["memory_limit_bytes"]
-    first = next((i for i, k in enumerate(ks) if estimate(written_memory(base), k) <= limit), None)
+    limit, memory = base.predicted["memory_limit_bytes"], written_memory(base)
+    first = next((i for i, k in enumerate(ks) if estimate(memory, k) <= limit), None)
     if first is None:  # no count fits by the estimate: the largest ones
         return ks[-COUNTS:]
     return ks[first : first + COUNTS]
@@ -106,8 +106,8 @@ def plan_accumulation(
     ``base``: the plan of the step as written (its memory picks the counts); ``fixed``: the
     count ``--microbatches`` gives; ``policies``: remat inside each microbatch, tried in order
     for each count; ``written``: what the step as written needs a device (bytes,
-    activations) at the least, where known (an as-written candidate it says is
-    :data:`HOPELESS` is not tried)."""
+    activations) at the least, where known (with ``base``, whose limit it is read against,
+    an as-written candidate it says is :data:`HOPELESS` is not tried)."""
     why = accumulation_refusal(workload)
     if why is not None:
         return None, [], why
@@ -121,9 +121,8 @@ def plan_accumulation(
         return None, [], f"a batch of {batch} cannot be cut into microbatches"
     cands = [(k, pol) for k in ks for pol in dict.fromkeys(policies)]
     tried: list[dict[str, Any]] = []
-    if written is not None and not fixed:
-        limit = (base.predicted["memory_limit_bytes"] if base is not None
-                 else hw.hbm_limit_bytes)  # fmt: skip
+    if written is not None and base is not None and not fixed:
+        limit = base.predicted["memory_limit_bytes"]  # the call's (a user's limit too)
         for k, pol in list(cands):
             if pol == AS_WRITTEN and (need := estimate(written, k)) > HOPELESS * limit:
                 cands.remove((k, pol))

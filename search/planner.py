@@ -313,6 +313,10 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     hw = hardware(hw) if isinstance(hw, str) else hw
     limit = kw["memory_limit"] if kw["memory_limit"] is not None else hw.hbm_limit_bytes
     floor = memory_floor(workload, graph, hw)
+
+    def as_written(seconds: float) -> Plan:
+        return plan(workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=seconds))
+
     first = None
     if floor[0] <= limit:
         # the step as written with the whole budget: a step that fits is searched as remat=
@@ -320,9 +324,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         # AUTO_FIRST of the budget ends there, and the candidates share the rest
         token = _PROBE.set(now() + min(budget, max(AUTO_FIRST * budget, least)))
         try:
-            first = plan(
-                workload, hw, graph=graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=budget)
-            )
+            first = as_written(budget)
         finally:
             _PROBE.reset(token)
         if interrupted() or first.status != "INFEASIBLE":  # a Ctrl-C: the answer so far
@@ -383,13 +385,7 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
     in_order = [tried[t] for t in cands]
     if best is None:
         if first is None:  # the answer: the step as written, with what is left
-            first = plan(
-                workload,
-                hw,
-                graph=graph,
-                remat=AS_WRITTEN,
-                **dict(kw, time_limit_s=max(0.0, end - now())),
-            )
+            first = as_written(max(0.0, end - now()))
         first.solver["remat"]["tried"] = in_order
         return _then_accumulate(first, workload, hw, graph, kw, acc_end, written)
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
@@ -418,8 +414,9 @@ def _accumulation_split(workload: Workload, end: float) -> float:
 
 def _then_accumulate(chosen, workload, hw, graph, kw, acc_end, written) -> Plan:
     """``remat="auto"``'s plan ``chosen`` (where the step as written does not fit: it needs
-    ``written``, bytes and activations a device, at the least), or the step accumulated over microbatches where that fits
-    where ``chosen`` does not, or is faster; searched until ``acc_end``."""
+    ``written``, bytes and activations a device, at the least), or the step accumulated over
+    microbatches where that fits where ``chosen`` does not, or is faster; searched until
+    ``acc_end``."""
     why = accumulation_refusal(workload)
     if why is None and interrupted():
         why = "interrupted"
@@ -447,11 +444,11 @@ def _then_accumulate(chosen, workload, hw, graph, kw, acc_end, written) -> Plan:
         )
         return record_accumulation(acc, acc.options["accumulation"],
                                    accumulation_why(acc, chosen, None), tried)  # fmt: skip
-    kept = "the step without accumulation fits" if chosen.status != "INFEASIBLE" else (
-        "no microbatch count tried fits either")  # fmt: skip
-    return record_accumulation(
-        chosen, 1, kept if chosen.status != "INFEASIBLE" else none or kept, tried
-    )
+    if chosen.status != "INFEASIBLE":
+        why = "the step without accumulation fits"
+    else:
+        why = none or "no microbatch count tried fits either"
+    return record_accumulation(chosen, 1, why, tried)
 
 
 def _fixed_accumulation(workload, hw, graph, kw, remat, microbatches) -> Plan:
