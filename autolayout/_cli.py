@@ -53,6 +53,7 @@ from .cost_models import evaluate, kernel_notes
 from .runtime import (
     HEARTBEAT_S,
     KEEP,
+    MEMORY_TOLERANCE,
     SUPERVISED,
     calibrate,
     cluster_identity,
@@ -885,9 +886,13 @@ def validate_cmd(model, plan_path, devices, sets, tolerance) -> None:
         click.echo(f"  {r.quantity}: {r.note}")
     bad = v[v["checked"] & ~v["ok"]]
     if len(bad):
-        click.echo(
-            f"error: {', '.join(bad['quantity'])} off by more than {tolerance:.0%}", err=True
-        )
+        # each quantity against its own tolerance: memory is a factor either way
+        off = [q for q in bad["quantity"] if q != "memory"]
+        why = [f"{', '.join(off)} off by more than {tolerance:.0%}"] if off else []
+        for r in bad[bad["quantity"] == "memory"].itertuples():
+            f = 1 + MEMORY_TOLERANCE
+            why.append(f"memory {r.ratio:.2f}x the prediction, outside 1/{f:g}x to {f:g}x")
+        click.echo(f"error: {'; '.join(why)}", err=True)
         sys.exit(1)
 
 

@@ -17,5 +17,6 @@ from .run import PeerError as PeerError
 from .run import init_distributed as init_distributed
 from .run import reference_losses as reference_losses
 from .run import run as run
+from .validate import MEMORY_TOLERANCE as MEMORY_TOLERANCE
 from .validate import hlo_collectives as hlo_collectives
 from .validate import validate as validate
