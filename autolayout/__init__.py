@@ -36,6 +36,7 @@ from .core import load_workload as load_workload
 from .core import name_dims as name_dims
 from .core import remat as remat
 from .core import spec as spec
+from .core import splash_attention as splash_attention
 from .core import target as target
 from .core import trace as trace
 from .core import train_workload as train_workload

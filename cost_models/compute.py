@@ -145,22 +145,29 @@ def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
             f"{hw.source}; XLA:GPU runs them channels-first, at 0.43% of peak on one H200): "
             "`autolayout calibrate` measures your devices'"
         )
-    n = sum(op.primitive in ATTENTION_OPS for op in g.ops)
-    if not n:
-        return notes
     rate = (
         f"{e.attention} of peak"
         if e.attention is not None
         else f"the matmul efficiency {e.matmul} (not measured for attention)"
     )
-    if hw.kind != "gpu":
-        notes.append(
-            f"the step calls cuDNN attention ({n} kernels), which runs only on NVIDIA GPUs: "
-            f"priced as {hw.kind.upper()} fused attention at {rate}; on a TPU call a Pallas "
-            "flash/splash kernel (jax.experimental.pallas.ops.tpu) to run it"
-        )
-    elif e.attention is None:
-        notes.append(
-            f"cuDNN attention ({n} kernels) priced at {rate}: set efficiency.attention in {hw.source}"
-        )
+    for kernel, runs_on, other in (
+        ("cuDNN", "gpu", "al.splash_attention (the Pallas kernel)"),
+        ("splash", "tpu", "cuDNN's (jax.nn.dot_product_attention)"),
+    ):
+        n = sum(op.primitive in ATTENTION_OPS and op.param("kernel") == kernel.lower()
+                for op in g.ops)  # fmt: skip
+        if not n:
+            continue
+        if hw.kind != runs_on:
+            notes.append(
+                f"the step calls {kernel} attention ({n} kernels), which runs only on "
+                f"{'NVIDIA GPUs' if runs_on == 'gpu' else 'TPUs'}: priced as {hw.kind.upper()} "
+                f"fused attention at {rate}; on {'a TPU' if runs_on == 'gpu' else 'a GPU'} "
+                f"call {other} to run it"
+            )
+        elif e.attention is None:
+            notes.append(
+                f"{kernel} attention ({n} kernels) priced at {rate}: set efficiency.attention "
+                f"in {hw.source}"
+            )
     return notes

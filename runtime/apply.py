@@ -36,7 +36,7 @@ from autolayout.core import (
 )
 from autolayout.cost_models import RUNNABLE, output_layouts
 
-from .kernels import CUDNN, check_kernels, run_in_place
+from .kernels import CUDNN, SPLASH, check_kernels, run_in_place, run_sharded, runs_cudnn
 from .pipeline import INLINE, pipelined_scan, stage_scans
 
 
@@ -110,6 +110,9 @@ class _Interpreter:
                 ]
                 if self.in_place and eqn.primitive.name in CUDNN:  # no cuDNN on these devices
                     res = run_in_place(eqn.primitive.name, eqn.params, ins)
+                elif prim in SPLASH:  # a Pallas kernel XLA cannot split: on each shard
+                    lay = [reads.get(n, layouts.get(n)) for n in in_names]
+                    res = run_sharded(eqn, ins, lay, self.mesh)
                 else:
                     res = eqn.primitive.bind(*ins, **eqn.params)
                 outs = list(res) if eqn.primitive.multiple_results else [res]
@@ -237,12 +240,17 @@ def apply(
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer, graph)
-    interp.in_place = in_place is not None
+    interp.in_place = not runs_cudnn(mesh) and any(op.primitive in CUDNN for op in graph.ops)
     pipe = plan.solver.get("pipeline")
-    if pipe and in_place:
+    if pipe and interp.in_place:
         raise PlanError(
             f"the pipelined plan's stages call cuDNN attention, which runs only on NVIDIA GPUs, "
             f"and these devices are {mesh.devices.flat[0].platform}: run it on GPUs"
+        )
+    if pipe and any(op.primitive in SPLASH for op in graph.ops):
+        raise PlanError(
+            "the pipelined plan's stages call splash attention, which al.apply does not run "
+            "inside a pipeline stage yet: plan it without --pipeline"
         )
     if pipe:
         if pipe["schedule"] not in RUNNABLE:

@@ -1,4 +1,5 @@
-"""Kernels a plan may hold that the devices at hand cannot run, and what runs in their place.
+"""Kernels a plan may hold: what runs in place of one the devices at hand cannot run, and how
+one XLA cannot partition runs on its shards.
 
 A step built for NVIDIA GPUs traces to JAX's cuDNN attention primitives on any machine (so a
 GPU or TPU job is planned on a laptop). Their kernel compiles only on an NVIDIA GPU; on other
@@ -6,17 +7,24 @@ devices ``al.apply`` runs JAX's own composition of the same attention in their p
 (``jax.nn.dot_product_attention(implementation="xla")``: the same function, its scores
 materialised), so a plan for GPUs is validated and run on CPU devices with its layouts as
 planned. The results are the kernel's up to rounding; its speed and memory are not.
+
+Splash attention (``al.splash_attention``) is a Pallas kernel, which XLA cannot partition:
+``al.apply`` runs each call under ``shard_map`` over the mesh axes its q is laid out on along
+batch and heads (the only axes a plan splits; k and v alike on their kv heads), so each
+device calls the kernel on its shard. Off a TPU it is Pallas' interpreter (the same blocks
+and arithmetic as plain XLA ops).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
-from autolayout.core import ATTENTION_BWD, ATTENTION_FWD, Graph, PlanError
+from autolayout.core import CUDNN_BWD, CUDNN_FWD, SPLASH_BWD, SPLASH_FWD, Graph, PlanError
 
-CUDNN = ATTENTION_FWD + ATTENTION_BWD
+CUDNN = CUDNN_FWD + CUDNN_BWD
+SPLASH = SPLASH_FWD + SPLASH_BWD
 _MASKS = {0: False, 2: True}  # cuDNN's MaskType: NO_MASK, CAUSAL (the two JAX's own runs)
 
 
@@ -43,19 +51,27 @@ def _why_not(params: dict, ins: list) -> str | None:
 
 
 def check_kernels(graph: Graph, mesh: Mesh) -> str | None:
-    """A note where the step's cuDNN attention runs as JAX's composition on these devices
-    (a call the composition does not cover is refused, in one line, where it runs)."""
-    if runs_cudnn(mesh):
-        return None
-    ops = [op for op in graph.ops if op.primitive in CUDNN]
-    if not ops:
-        return None
-    return (
-        f"the step's cuDNN attention ({len(ops)} calls) runs on "
-        f"{mesh.devices.flat[0].platform} devices as JAX's own composition "
-        f"(jax.nn.dot_product_attention(implementation='xla')): the same results and layouts, "
-        f"not the kernel's speed or memory"
-    )
+    """A note where the step's kernels run other than as the hardware they were built for
+    runs them: cuDNN attention as JAX's composition off NVIDIA GPUs (a call the composition
+    does not cover is refused, in one line, where it runs), splash attention through Pallas'
+    interpreter off TPUs."""
+    platform = mesh.devices.flat[0].platform
+    notes = []
+    cudnn = sum(op.primitive in CUDNN for op in graph.ops)
+    if cudnn and not runs_cudnn(mesh):
+        notes.append(
+            f"the step's cuDNN attention ({cudnn} calls) runs on {platform} devices as JAX's "
+            f"own composition (jax.nn.dot_product_attention(implementation='xla')): the same "
+            f"results and layouts, not the kernel's speed or memory"
+        )
+    splash = sum(op.primitive in SPLASH for op in graph.ops)
+    if splash and platform != "tpu":
+        notes.append(
+            f"the step's splash attention ({splash} calls) runs on {platform} devices through "
+            f"Pallas' interpreter, on each device's shard: the same results and layouts, not "
+            f"the kernel's speed or memory"
+        )
+    return "; ".join(notes) or None
 
 
 def _reference(q, k, v, params: dict):
@@ -79,9 +95,36 @@ def run_in_place(name: str, params: dict, ins: list) -> list:
             f"call it with implementation='xla'"
         )
     q, k, v = ins[:3]
-    if name in ATTENTION_FWD:
+    if name in CUDNN_FWD:
         out, lse = _reference(q, k, v, params)
         return [out, lse] if params.get("is_training", True) else [out]
     d_out = ins[-1]
     _, vjp = jax.vjp(lambda a, b, c: _reference(a, b, c, params)[0], q, k, v)
     return list(vjp(d_out.astype(q.dtype)))
+
+
+def run_sharded(eqn, ins: list, layouts: list, mesh: Mesh) -> list:
+    """A splash attention call on each device's shard: ``shard_map`` over the axes q's
+    layout (``layouts[0]``, as the op reads it) puts on batch and heads; k and v are read
+    split alike on their heads, the outputs come back so (the log-sum-exp ``[B, N, T]``)."""
+    lay = (layouts[0] if layouts else None) or ((),) * 4
+    if any(lay[a] for a in (1, 3)):
+        raise PlanError(
+            f"the plan splits splash attention's sequence or head_dim ({lay}): the kernel "
+            f"splits batch and heads only; plan it again"
+        )
+
+    def spec(a):
+        return None if not a else (a[0] if len(a) == 1 else tuple(a))
+
+    b, n = spec(lay[0]), spec(lay[2])
+    qs = PartitionSpec(b, None, n, None)
+    stat = PartitionSpec(b, n, None)
+    in_specs = (qs, qs, qs) + ((stat, qs, qs) if eqn.primitive.name in SPLASH_BWD else ())
+    out_specs = [qs, qs, qs] if eqn.primitive.name in SPLASH_BWD else [qs, stat]
+
+    def body(*xs):
+        return eqn.primitive.bind(*xs, **eqn.params)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    return list(f(*ins))

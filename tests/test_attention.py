@@ -185,8 +185,8 @@ def test_a_pallas_kernel_is_priced_from_its_cost_estimate_and_kept_whole():
 
 
 def test_the_example_transformers_run_the_fused_kernel_on_the_hardware_they_are_built_for():
-    """attention="auto" (the default): cuDNN's fused kernel when the step is built for a GPU
-    or TPU in 16 bits (`al.load_workload(..., target=)`, what `autolayout plan --hw` passes),
+    """attention="auto" (the default): the fused kernel when the step is built for a GPU
+    (cuDNN's) or TPU (splash) in 16 bits (`al.load_workload(..., target=)`, what `autolayout plan --hw` passes),
     the materialised scores on a CPU or in float32; the options record the resolved kind;
     a step built for one kind of chip and priced on another is said in one line."""
     from conftest import MODELS
@@ -199,7 +199,7 @@ def test_the_example_transformers_run_the_fused_kernel_on_the_hardware_they_are_
         wl = built(model, "h100-8")
         assert wl.options["attention"] == "cudnn" and wl.loaded_for == "gpu"
         assert _kernels(al.trace(wl)), model
-        assert built(model, "tpu-v4-8").options["attention"] == "cudnn"
+        assert built(model, "tpu-v4-8").options["attention"] == "splash"
         assert built(model, "cpu").options["attention"] == "naive"
     assert al.target() == "cpu"  # this machine's devices, outside a load
     f32 = al.load_workload(MODELS / "gpt.py", target="h100-8", dtype="float32")

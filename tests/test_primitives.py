@@ -8,7 +8,9 @@ import sys
 
 import jax
 import jax.experimental.multihost_utils
+import jax._src.pallas.mosaic_gpu.lowering  # Pallas' interpreter imports it (splash on CPU)
 import jax.experimental.pallas
+import jax.experimental.pallas.mosaic_gpu
 import jax.experimental.pallas.tpu
 import jax.experimental.sparse
 import jax.numpy as jnp

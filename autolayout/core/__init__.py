@@ -13,6 +13,8 @@ from ._defaults import DEFAULT_TIME_LIMIT_S as DEFAULT_TIME_LIMIT_S
 from ._dim_rules import ATTENTION_BWD as ATTENTION_BWD
 from ._dim_rules import ATTENTION_BWD_FLOPS as ATTENTION_BWD_FLOPS
 from ._dim_rules import ATTENTION_FWD as ATTENTION_FWD
+from ._dim_rules import CUDNN_BWD as CUDNN_BWD
+from ._dim_rules import CUDNN_FWD as CUDNN_FWD
 from ._dim_rules import ELEMENTWISE as ELEMENTWISE
 from ._dim_rules import attention_axes as attention_axes
 from ._dim_rules import attention_keys as attention_keys
@@ -74,6 +76,9 @@ from ._report import shown_ops as shown_ops
 from ._report import shown_strategies as shown_strategies
 from ._report import summary_rows as summary_rows
 from ._report import top_ops as top_ops
+from ._splash import SPLASH_BWD as SPLASH_BWD
+from ._splash import SPLASH_FWD as SPLASH_FWD
+from ._splash import splash_attention as splash_attention
 from ._stages import Stack as Stack
 from ._stages import find_stack as find_stack
 from ._stages import scan_parts as scan_parts

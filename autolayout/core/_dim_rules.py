@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from jax._src.random import prng as _prng  # the registered key implementations (jax is pinned)
 
+from ._splash import SPLASH_BWD, SPLASH_FWD
 from ._workload import parse_name_dims
 
 
@@ -742,10 +743,13 @@ def _identity(b, eqn, ins, outs):
 
 # --- fused attention kernels ------------------------------------------------------------------
 
-# JAX's cuDNN flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``):
-# one kernel forward, one backward; the scores never reach HBM.
-ATTENTION_FWD = ("dot_product_attention_fwd_wrapper", "dot_product_attention_fwd")
-ATTENTION_BWD = ("dot_product_attention_bwd_wrapper", "dot_product_attention_bwd")
+# JAX's cuDNN flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``) and
+# the TPU's splash attention (``al.splash_attention``, ``_splash.py``): one kernel forward,
+# one backward; the scores never reach HBM.
+CUDNN_FWD = ("dot_product_attention_fwd_wrapper", "dot_product_attention_fwd")
+CUDNN_BWD = ("dot_product_attention_bwd_wrapper", "dot_product_attention_bwd")
+ATTENTION_FWD = CUDNN_FWD + SPLASH_FWD
+ATTENTION_BWD = CUDNN_BWD + SPLASH_BWD
 ATTENTION_BWD_FLOPS = 2.5  # the backward's matmuls per forward matmul: 5 against 2 (flash)
 
 
@@ -771,7 +775,7 @@ def _attention(b, eqn, ins, outs):
     and heads split (cuDNN's partitioning rule allows no other), so k's heads are joined to
     q's by the cost model, not linked (sizes differ under GQA)."""
     p = eqn.params
-    ax = attention_axes(int(p["layout"]))
+    ax = attention_axes(int(p.get("layout", 0)))
     bwd = eqn.primitive.name in ATTENTION_BWD
     q, k, v = ins[:3]
     qs, ks = b.shape(q), b.shape(k)
@@ -795,17 +799,17 @@ def _attention(b, eqn, ins, outs):
         b.link(*heads_k)
     b.link(*[(x, ax["t"]) for x in like_k])
     b.link(*[(x, ax["h"]) for x in like_q + like_k])
-    mask = str(p.get("mask_type", ""))
-    causal = "CAUSAL" in mask.upper()
+    splash = eqn.primitive.name in SPLASH_FWD + SPLASH_BWD
+    causal = bool(p["is_causal"]) if splash else "CAUSAL" in str(p.get("mask_type", "")).upper()
     window = p.get("sliding_window_length")
     has_bias = bool(p.get("variadic_args", (False, False))[0])
     params = {
-        "kernel": "cudnn",
+        "kernel": "splash" if splash else "cudnn",
         "phase": "bwd" if bwd else "fwd",
         "causal": causal,
         "window": int(window) if window else None,
         "bias": has_bias,
-        "layout": int(p["layout"]),
+        "layout": int(p.get("layout", 0)),
     }
     flops = 4.0 * batch * n * t * attention_keys(t, s, causal, params["window"]) * h
     return params, flops * (ATTENTION_BWD_FLOPS if bwd else 1.0)
@@ -850,7 +854,7 @@ _POLICIES = {
         "scaled_matmul scaled_matmul_wrapper dot_product_attention_fp8_fwd "
         "dot_product_attention_fp8_fwd_wrapper dot_product_attention_fp8_bwd "
         "dot_product_attention_fp8_bwd_wrapper custom_linear_solve linear_call noinline vprim "
-        "tpu_custom_call"
+        "tpu_custom_call mosaic_gpu_p"
     ),
     "an op of jax.experimental.sparse's formats (BCOO, BCSR, COO, CSR): no dim rule reads "
     "a sparse layout's indices yet, so it runs whole": (
@@ -881,7 +885,17 @@ _POLICIES = {
         "new_variable get_variable set_variable add_dependency bitcast dma_start dma_wait "
         "einshape_lo emit_pipeline get_barrier_semaphore matmul_acc_lhs matmul_pop "
         "matmul_push_rhs pack_elementwise pipeline_body prng_join prng_random_bits prng_seed "
-        "prng_split remove_memory_space roll stochastic_round trace_value unpack_elementwise"
+        "prng_split remove_memory_space roll stochastic_round trace_value unpack_elementwise "
+        # Mosaic GPU's (jax.experimental.pallas.mosaic_gpu, imported by Pallas' interpreter)
+        "_copysign async_copy_scales_to_tmem async_copy_smem_to_tmem "
+        "async_copy_sparse_metadata_to_tmem async_load async_prefetch async_store_smem "
+        "async_store_tmem barrier_arrive barrier_test barrier_wait commit_group commit_smem "
+        "commit_tmem copy_gmem_to_smem copy_smem_to_gmem griddepcontrol_launch_dependents "
+        "griddepcontrol_wait inline_mgpu_p layout_cast load mgpu_atomic_store "
+        "multimem_load_reduce multimem_store print_layout query_cluster_cancel "
+        "semaphore_signal_multicast semaphore_signal_parallel set_max_registers_p "
+        "tcgen05_commit_arrive tcgen05_mma try_cluster_cancel wait_load_tmem wait_smem_to_gmem "
+        "wgmma wgmma_accumulator_deref_p wgmma_accumulator_store_p wgmma_ref wgmma_wait"
     ),
     "a transformation's internal: JAX removes it before make_jaxpr returns a step (autodiff's "
     "linearization, checkify's checks, hijax boxes, symbolic shapes of jax.export)": (

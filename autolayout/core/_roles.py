@@ -15,7 +15,9 @@ from the program's structure alone (no library is special-cased):
   softmax reads (the scores); ``head_dim``: that dot's contracted dim, and the values' free
   dim in the dot of the softmax with them; ``seq``: the scores' other dims (the positions of
   a model without token inputs); ``kv_heads`` and ``q_per_kv``: the parts a reshape merges
-  into ``heads`` (grouped-query attention's repeat), or splits the queries' heads into.
+  into ``heads`` (grouped-query attention's repeat), or splits the queries' heads into. A
+  fused kernel (cuDNN's, splash) shows them in its operands: q ``[batch, seq, heads,
+  head_dim]``, k ``[batch, seq, kv_heads, head_dim]``.
 * ``experts``: a top-k over a router's logits whose size is a batch dim of stacked weights'
   dots (both sides: one dim); ``top_k`` its choices, ``capacity`` each expert's slots.
 * ``d_ff``: a dim weight matmuls produce from ``d_model`` and contract back into it, over
@@ -33,6 +35,7 @@ import re
 from collections.abc import Callable
 
 from ._builder import _Builder
+from ._dim_rules import ATTENTION_FWD, attention_axes
 from ._stages import scan_parts
 
 WL_ROUNDS = 3  # enough to tell q from o in one layer, few enough for the first layer to match
@@ -147,9 +150,12 @@ class _Program:
         self.top_ks: list[tuple[int, list[int]]] = []  # (operand, results)
         self.rows: list[tuple[int, int, int]] = []  # (operand, axis, start) of 1-row slices
         self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
+        self.fused: list[tuple[int, int, dict]] = []  # (q, k, axes) of fused attention kernels
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
-            if prim == "scan" and not op.scope:
+            if prim in ATTENTION_FWD and len(ins) >= 3:
+                self.fused.append((ins[0], ins[1], attention_axes(op.param("layout", 0))))
+            elif prim == "scan" and not op.scope:
                 self.scans.append((op, ins))
             elif prim == "gather" and len(ins) >= 2:
                 self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
@@ -384,6 +390,15 @@ def role_names(
                 head_dim.append(x)
         known = batch | set(heads) | set(head_dim) | split
         seqs += [r(res, a) for a in range(len(shapes[res])) if r(res, a) not in known]
+    kv_alone: list[int] = []  # a fused kernel's kv heads where fewer than the queries'
+    for q, k, ax in pg.fused:  # fused attention (cuDNN's, splash): q [B, T, N, H], k [.., S, K, H]
+        add(r(q, ax["b"]), "batch")  # (where no data input showed it: a step of its own)
+        if r(q, ax["n"]) >= 0 and r(q, ax["n"]) not in heads:
+            heads.append(r(q, ax["n"]))
+        head_dim += [x for x in (r(q, ax["h"]), r(k, ax["h"])) if x >= 0 and x not in head_dim]
+        seqs += [x for x in (r(q, ax["t"]), r(k, ax["t"])) if x >= 0 and x not in batch]
+        if shapes[k][ax["n"]] != shapes[q][ax["n"]]:
+            kv_alone.append(r(k, ax["n"]))
     probs: set[int] = set()  # the scores' softmax (and its gradient): ops of their shape on
     todo = [(t, 0) for t in attention]
     while todo:
@@ -410,6 +425,8 @@ def role_names(
             ]  # fmt: skip
     for x in heads:
         add(x, "heads")
+    for x in kv_alone:
+        add(x, "kv_heads")
     for parts in kv_groups:
         add(parts[0], "kv_heads")
         for x in parts[1:]:

@@ -58,23 +58,24 @@ def attention_specs(d: int, h: int, k: int, dt: Any, kv_heads: int | None = None
     }
 
 
-ATTENTION = ("auto", "naive", "xla", "cudnn")
+ATTENTION = ("auto", "naive", "xla", "cudnn", "splash")
 
 
 def attention_for(kind: str, dtype: Any = None) -> str:
-    """``auto`` (the example transformers' default): the fused kernel where the step is
-    built for the accelerators people train on and in 16 bits, traced as
-    ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention on
-    NVIDIA GPUs; for a TPU it stands for the splash-style kernel a TPU job runs, priced
-    alike); elsewhere the materialised-scores einsums (a CPU runs those; cuDNN takes no
-    float32). ``al.target()`` says which hardware: the ``--hw`` a plan is made for, else
-    this machine's devices. The resolved kind is what the plan file records."""
+    """``auto`` (the example transformers' default): the fused kernel of the accelerator the
+    step is built for, in 16 bits: on NVIDIA GPUs cuDNN flash attention
+    (``jax.nn.dot_product_attention(implementation="cudnn")``), on TPUs splash attention
+    (``al.splash_attention``, the Pallas kernel); elsewhere the materialised-scores einsums (a
+    CPU runs those; cuDNN takes no float32). ``al.target()`` says which hardware: the
+    ``--hw`` a plan is made for, else this machine's devices. The resolved kind is what the
+    plan file records."""
     if kind not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {kind!r}")
     if kind != "auto":
         return kind
-    sixteen = dtype is None or jnp.dtype(dtype).itemsize == 2
-    return "cudnn" if sixteen and al.target() in ("gpu", "tpu") else "naive"
+    if dtype is not None and jnp.dtype(dtype).itemsize != 2:
+        return "naive"  # (without asking al.target(): a float32 step is built alike anywhere)
+    return {"gpu": "cudnn", "tpu": "splash"}.get(al.target(), "naive")
 
 
 def rope(x: jax.Array) -> jax.Array:
@@ -101,7 +102,9 @@ def attention(
     ``kind``: ``auto`` as :func:`attention_for` resolves it; ``naive`` materialises the
     scores with einsums (what the H200 table measured),
     ``xla`` and ``cudnn`` call ``jax.nn.dot_product_attention`` with that implementation
-    (cuDNN flash attention runs on NVIDIA GPUs only; the planner prices it anywhere)."""
+    (cuDNN flash attention runs on NVIDIA GPUs only; the planner prices it anywhere);
+    ``splash`` calls ``al.splash_attention`` (the TPU's kernel; Pallas' interpreter
+    elsewhere)."""
     kind = attention_for(kind, x.dtype)
     src = x if kv is None else kv
     q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
@@ -109,6 +112,9 @@ def attention(
     v = jnp.einsum("btd,dhk->bthk", src, p["wv"])
     if rotary:
         q, k = rope(q), rope(k)
+    if kind == "splash":
+        out = al.splash_attention(q, k, v, is_causal=causal)
+        return jnp.einsum("bshk,hkd->bsd", out, p["wo"])
     if kind != "naive":
         impl = None if kind == "xla" else "cudnn"
         out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)

@@ -7,10 +7,10 @@ Options: ``size`` (a preset below), any of its fields to override (``layers``, `
 ``heads``, ``head_dim``, ``d_ff``, ``vocab``, ``seq``, ``batch``), ``mlp`` (gelu, relu, swiglu),
 ``remat`` (none, minimal, full), ``scan`` (stack the layers with ``lax.scan``), ``dtype``
 (float32 for the tiny sizes, bfloat16 for the others by default), ``attention`` (``auto``,
-the default: the fused kernel when the step is built for a GPU or TPU in 16 bits, else
-``naive``; ``naive``: einsums that materialise the scores; ``xla`` / ``cudnn``:
-``jax.nn.dot_product_attention`` with that implementation, cuDNN's flash kernel running on
-NVIDIA GPUs only). The ``llama*`` sizes are Llama's block: grouped-query attention
+the default: the fused kernel when the step is built for a GPU (cuDNN's) or a TPU (splash)
+in 16 bits, else ``naive``; ``naive``: einsums that materialise the scores; ``xla`` /
+``cudnn``: ``jax.nn.dot_product_attention`` with that implementation, cuDNN's flash kernel
+running on NVIDIA GPUs only; ``splash``: ``al.splash_attention``, the TPU's Pallas kernel). The ``llama*`` sizes are Llama's block: grouped-query attention
 (``kv_heads``), rotary positions, SwiGLU:
 
     autolayout plan experiments/models/gpt.py --hw h100-64 --set size=llama3-8b --set scan=true

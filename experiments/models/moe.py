@@ -10,7 +10,7 @@ einsums (``dispatch [batch, seq, experts, capacity]``), each expert runs its own
 
 ``scan=true`` stacks the layers and runs them with ``lax.scan`` (the balance loss is carried).
 ``attention``: ``auto`` (the fused kernel when built for a GPU or TPU in 16 bits, else
-``naive``), ``naive``, ``xla`` or ``cudnn``, as in ``gpt.py``.
+``naive``), ``naive``, ``xla``, ``cudnn`` or ``splash``, as in ``gpt.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and across to the encoder's output; embeddings are shared. Sizes follow T5 1.1.
 
 ``scan=true`` stacks each side's layers and runs them with ``lax.scan`` (two stacks).
 ``attention``: ``auto`` (the fused kernel when built for a GPU or TPU in 16 bits, else
-``naive``), ``naive``, ``xla`` or ``cudnn``, as in ``gpt.py``.
+``naive``), ``naive``, ``xla``, ``cudnn`` or ``splash``, as in ``gpt.py``.
 """
 
 from __future__ import annotations
