@@ -52,7 +52,8 @@ REPRESENTATIVES = ("hf_gpt2_clm", "hf_distilbert_mlm", "hf_bart_s2s", "keras_res
 
 _MASK = (
     "the decoder's causal mask is built at max_position_embeddings (64) square and sliced to "
-    "the targets: the last axis of its 4-D broadcast has no role (broadcast_in_dim.N:3)"
+    "the targets: its key axis, named from the keys' (targets_seq#2) as targets_seq+56#3, is "
+    "of another family than the query axis's targets_seq+56 (slices relate, not link)"
 )
 _HF_CONV = (
     "a Flax conv's kernel is named by the module (convolution): output channels of another "
@@ -72,10 +73,6 @@ NAMES_NOT_YET = {
     **dict.fromkeys(("hf_big_bird_clm", "hf_big_bird_mlm"),
                     "block-sparse attention's bands of key blocks (seq_8th#2, slices of the "
                     "8 blocks) are of another family than the blocks (seq_8th)"),
-    "hf_beit_img": "the relative-position index [seq*seq] is built from iota grids and "
-    "reshaped: seq*seq#2, of its own family, not seq's",
-    "hf_opt_clm": "the final layer norm reads the decoder's output reshaped to "
-    "[batch*seq, d_model] again: batch*seq#2, of another family than batch*seq",
     "hf_regnet_img": _HF_CONV + "; a grouped conv's groups split by reshape (convolution_outer#2)",
     "hf_resnet_img": _HF_CONV + "; the stem kernel's first axis is convolution_ax0",
     "keras_convnext": _KERAS_AX.format("convnext_tiny_downsampling_conv_0_ax0"),

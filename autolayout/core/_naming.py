@@ -334,7 +334,7 @@ def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
         for r, rs in groups():
             if not split and r >= 0 and r not in label and all(x in label for x in rs):
                 parts = tuple((base_of(label[x]), sizes[x]) for x in rs)
-                claim(r, whole.get(parts) or "*".join(label[x] for x in rs), True)
+                claim(r, whole.get(parts) or "*".join(name for name, _ in parts), True)
                 grown = True
             elif split and r in label and not all(x in label for x in rs):
                 name = base_of(label[r])
@@ -396,7 +396,22 @@ def _name_dims(
     for r in order:
         if r in label:
             fam_name.setdefault(fam.find(r), label[r])
-    for r in order:
+    pg = program(b, data, live)
+    for _ in range(8):  # a family's further dims after its name (the keys: ``seq#2``), then
+        # what those show through slices and reshapes (the 64-square causal mask the keys
+        # were sliced from: ``targets_seq+56#2``), until nothing more is named
+        todo = [r for r in order if r not in label]
+        for r in todo:
+            f = fam.find(r)
+            if f in fam_name:
+                claim(r, fam_name[f])
+        _grow(b, pg, root, label, lambda r, n, role=False: claim(r, n), {}, True)
+        for r in todo:
+            if r in label:
+                fam_name.setdefault(fam.find(r), label[r])
+        if not todo or all(r not in label for r in todo):
+            break
+    for r in order:  # the rest by the op that made it
         if r not in label:
             f = fam.find(r)
             if f in fam_name:
