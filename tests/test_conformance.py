@@ -59,7 +59,6 @@ _HF_CONV = (
     "a Flax conv's kernel is named by the module (convolution): output channels of another "
     "stage are convolution#2, of another family than convolution"
 )
-_KERAS_AX = "a kernel's spatial axis that meets no image plane is named by its index ({})"
 _PAD = (
     "at the tiny input the last stage's planes are 1x1 (no dim); the backward of its 3x3 "
     "'same' average pooling pads them to 3x3: the new axes are named by the pad op (pad.N:1, "
@@ -74,14 +73,12 @@ NAMES_NOT_YET = {
                     "block-sparse attention's bands of key blocks (seq_8th#2, slices of the "
                     "8 blocks) are of another family than the blocks (seq_8th)"),
     "hf_regnet_img": _HF_CONV + "; a grouped conv's groups split by reshape (convolution_outer#2)",
-    "hf_resnet_img": _HF_CONV + "; the stem kernel's first axis is convolution_ax0",
-    "keras_convnext": _KERAS_AX.format("convnext_tiny_downsampling_conv_0_ax0"),
-    "keras_densenet": _KERAS_AX.format("conv2_block1_2_conv_ax0"),
+    "hf_resnet_img": _HF_CONV,
     "keras_inception_resnet_v2": "the concatenated branches of each block kind are named "
     "after the last block's conv (block35_10_conv#2, block17_10_conv#2, block8_10_conv#2: a "
     "layer index, and of another family)",
     "keras_inception_v3": _PAD,
-    "keras_nasnet": _PAD + "; a separable conv's depthwise kernel axis is depthwise_kernel_ax0",
+    "keras_nasnet": _PAD,
     "eqx_mlp": "eqx.nn.MLP keeps its Linears in a list (layers): the second hidden width is "
     "layers#2, of another family than layers",
     "eqx_cnn": "the example's Sequential list (layers): the Linears' widths are layers#2 and "

@@ -265,8 +265,18 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         n = users.get(fam.find(r), n)  # a family the user named is named after the user's
         # name (the keys of enc_seq are enc_seq#2); a role another family of another size
         # has is left to the structure (the decoder's positions: a slice of targets_seq)
-        if r not in label and free(n, r):
+        if r in label:
+            continue
+        if free(n, r):
             claim(r, n, True)
+        elif n.startswith(WINDOWS) and free(sized_name(n, sizes[r]), r):
+            claim(r, sized_name(n, sizes[r]), True)  # a kernel's window of another size
+    for n in [n for n in taken if n.startswith(WINDOWS) and "(" not in n and "#" not in n]:
+        if any(m.startswith(n + "(") for m in taken):  # Mesh-TF: a name at two sizes is two
+            q = taken.pop(n)  # dims, each named with its size (7x7 and 3x3 kernels)
+            label[q] = sized_name(n, sizes[q])
+            taken[label[q]] = q
+            by_role.setdefault(label[q], []).extend(by_role.pop(n, []))
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False)  # from the user's and the roles' names
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
@@ -284,6 +294,7 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
 
 
 SPLIT_PARTS = ("outer", "mid", "inner")
+WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
 
 
 def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
