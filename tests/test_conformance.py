@@ -55,10 +55,6 @@ _MASK = (
     "the targets: its key axis, named from the keys' (targets_seq#2) as targets_seq+56#3, is "
     "of another family than the query axis's targets_seq+56 (slices relate, not link)"
 )
-_HF_CONV = (
-    "a Flax conv's kernel is named by the module (convolution): output channels of another "
-    "stage are convolution#2, of another family than convolution"
-)
 _PAD = (
     "at the tiny input the last stage's planes are 1x1 (no dim); the backward of its 3x3 "
     "'same' average pooling pads them to 3x3: the new axes are named by the pad op (pad.N:1, "
@@ -72,19 +68,8 @@ NAMES_NOT_YET = {
     **dict.fromkeys(("hf_big_bird_clm", "hf_big_bird_mlm"),
                     "block-sparse attention's bands of key blocks (seq_8th#2, slices of the "
                     "8 blocks) are of another family than the blocks (seq_8th)"),
-    "hf_regnet_img": _HF_CONV + "; a grouped conv's groups split by reshape (convolution_outer#2)",
-    "hf_resnet_img": _HF_CONV,
-    "keras_inception_resnet_v2": "the concatenated branches of each block kind are named "
-    "after the last block's conv (block35_10_conv#2, block17_10_conv#2, block8_10_conv#2: a "
-    "layer index, and of another family)",
     "keras_inception_v3": _PAD,
     "keras_nasnet": _PAD,
-    "eqx_mlp": "eqx.nn.MLP keeps its Linears in a list (layers): the second hidden width is "
-    "layers#2, of another family than layers",
-    "eqx_cnn": "the example's Sequential list (layers): the Linears' widths are layers#2 and "
-    "layers#3, of other families than layers",
-    "nnx_cnn": "the flattened conv output [batch, 7*7*64] that linear1 reads is linear1#2, of "
-    "another family than linear1",
 }
 # fmt: on
 VALIDATE_NOT_YET = {

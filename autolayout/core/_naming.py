@@ -256,6 +256,20 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         q = taken.get(name, r)
         return fam.find(q) == fam.find(r) or sizes[q] == sizes[r] and apart(q, r)
 
+    sized: set[str] = set()  # names taken at several sizes
+
+    def sized_claim(r: int, names: list[str]) -> bool:
+        """Names ``r`` the first of ``names`` that another dim has at another size, with
+        ``r``'s size (Mesh-TF: a dim is a name and a size): ``kernel_height(3)`` beside a
+        7x7 stem's, ``convolution(512)`` beside another stage's ``convolution``."""
+        for n in names:
+            q = taken.get(n)
+            if q is not None and sizes[q] != sizes[r] and free(sized_name(n, sizes[r]), r):
+                claim(r, sized_name(n, sizes[r]), True)
+                sized.add(n)
+                return True
+        return False
+
     users: dict[int, str] = {}  # family -> the user's name of a dim of it
     for r, n in user_names.items():
         if find(r) == r:
@@ -269,14 +283,8 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
             continue
         if free(n, r):
             claim(r, n, True)
-        elif n.startswith(WINDOWS) and free(sized_name(n, sizes[r]), r):
-            claim(r, sized_name(n, sizes[r]), True)  # a kernel's window of another size
-    for n in [n for n in taken if n.startswith(WINDOWS) and "(" not in n and "#" not in n]:
-        if any(m.startswith(n + "(") for m in taken):  # Mesh-TF: a name at two sizes is two
-            q = taken.pop(n)  # dims, each named with its size (7x7 and 3x3 kernels)
-            label[q] = sized_name(n, sizes[q])
-            taken[label[q]] = q
-            by_role.setdefault(label[q], []).extend(by_role.pop(n, []))
+        elif n.startswith(WINDOWS):  # a kernel's window of another size
+            sized_claim(r, [n])
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False)  # from the user's and the roles' names
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
@@ -288,8 +296,19 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
             if r not in label:  # one name and size of every weight is one dim; the weight's
                 # module's where another family has it (BatchNorm's beta of two widths)
                 tries = [n if k == 0 else f"{n}_in" if k == 1 else f"{n}_ax{a}" for n in names]
-                claim(r, next((n for n in tries if free(n, r)), tries[0]), True)
+                got = next((n for n in tries if free(n, r)), None)
+                if got is not None:
+                    claim(r, got, True)
+                elif not sized_claim(r, tries):
+                    claim(r, tries[0], True)
     _grow(b, pg, root, label, claim, origin, True)
+    for n in sized:  # the first of a name's sizes named with its size too
+        q = taken.get(n)
+        if q is not None:
+            del taken[n]
+            label[q] = sized_name(n, sizes[q])
+            taken[label[q]] = q
+            by_role.setdefault(label[q], []).extend(by_role.pop(n, []))
     return label, taken, by_role
 
 
