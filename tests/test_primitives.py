@@ -7,8 +7,8 @@ depthwise convolution's batch and channels pass through without a collective."""
 import sys
 
 import jax
-import jax.experimental.multihost_utils
 import jax._src.pallas.mosaic_gpu.lowering  # Pallas' interpreter imports it (splash on CPU)
+import jax.experimental.multihost_utils
 import jax.experimental.pallas
 import jax.experimental.pallas.mosaic_gpu
 import jax.experimental.pallas.tpu

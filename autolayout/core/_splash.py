@@ -120,7 +120,7 @@ class _Call:
     ``S'``) with segment ids that keep the padding apart (a real query reads no padded key)."""
 
     def __init__(self, q, k, is_causal, scale, interpret):
-    
+
         self.b, self.t, self.n, self.h = q.shape
         self.s, self.kh = k.shape[1], k.shape[2]
         self.tp, self.sp = _up(self.t), _up(self.s)
