@@ -102,7 +102,6 @@ def _up(n: int) -> int:
 def _kernel(t: int, s: int, heads: int, is_causal: bool, mqa: bool, interpret: bool):
     """The splash kernel of one example (``[heads, T, H]``; MQA: k, v ``[S, H]``) with its
     backward blocks, saving the log-sum-exp; ``t`` and ``s`` multiples of :data:`LANES`."""
-
     one = sm.CausalMask((t, s)) if is_causal else sm.FullMask((t, s))
     bq, bkv = _block(t), _block(s)
     sizes = sk.BlockSizes(
@@ -120,7 +119,6 @@ class _Call:
     ``S'``) with segment ids that keep the padding apart (a real query reads no padded key)."""
 
     def __init__(self, q, k, is_causal, scale, interpret):
-
         self.b, self.t, self.n, self.h = q.shape
         self.s, self.kh = k.shape[1], k.shape[2]
         self.tp, self.sp = _up(self.t), _up(self.s)
