@@ -36,7 +36,7 @@ def test_splash_attention_is_jaxs_attention_values_and_gradients(b, t, s, n, k, 
 
     got, g_got = jax.value_and_grad(loss(al.splash_attention), argnums=(0, 1, 2))(q, *kv)
     want, g_want = jax.value_and_grad(loss(jax.nn.dot_product_attention), argnums=(0, 1, 2))(q, *kv)
-    assert got == pytest.approx(want, rel=1e-5)
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
     for x, y in zip(g_got, g_want, strict=True):
         assert float(jnp.abs(x - y).max()) < 1e-4 * float(jnp.abs(y).max())
 
