@@ -7,6 +7,11 @@ why an engineer would reject the plan) and ``catalogue.png``.
 
 python experiments/catalogue.py --time-limit 30 --out experiments/results
 
+``--names``: trace only, each entry's dims and the names ``tests/test_names.py`` flags into
+``catalogue_names.csv`` (minutes, no planning):
+
+python experiments/catalogue.py --names --out experiments/results
+
 ``--only a,b``: those entries; ``--hw``: other profiles (comma-separated); ``--resume``: keep
 the rows already in the folder's CSV and plan the rest; ``--figure``: redraw the PNG from the
 folder's CSV (``experiments/results`` without ``--out``). Rows are written as they come, so a
@@ -71,24 +76,34 @@ def _batch(g: al.Graph) -> int | None:
     return g.dims.get("batch")
 
 
-def plan_entry(name: str, profiles: list[str], limit: float) -> list[dict]:
-    """``name`` at its published size traced once and planned on each profile."""
+def traced(name: str) -> tuple:
+    """``name`` at its published size traced: ``(workload, graph, row)``, the row its
+    entry's facts and names (``dims``, ``bad_names``, ``opaque_ops``); on an error
+    ``(None, None, row)`` with ``why``."""
     e = catalogue.ENTRIES[name]
     base = {"model": name, "family": e.family, "kind": e.kind, "library": e.library,
-            "published": e.published, "time_limit_s": limit}  # fmt: skip
+            "published": e.published}  # fmt: skip
     t = time.perf_counter()
     try:
         wl = e.build("published")
         g = al.trace(wl)
     except Exception as err:  # a row that says why, not a run that stops
         traceback.print_exc()
-        return [{**base, "hardware": hw, "status": "ERROR", "why": f"trace: {err!s:.300}"}
-                for hw in profiles]  # fmt: skip
-    traced = time.perf_counter() - t
+        return None, None, {**base, "status": "ERROR", "why": f"trace: {err!s:.300}"}
     params = sum(math.prod(s.shape) for s in jax.tree.leaves(wl.args[0]))
-    bad = bad_names(g)
-    base |= {"params_b": round(params / 1e9, 4), "batch": _batch(g), "trace_s": round(traced, 1),
-             "bad_names": " ".join(bad), "opaque_ops": len(g.opaque)}  # fmt: skip
+    base |= {"params_b": round(params / 1e9, 4), "batch": _batch(g),
+             "trace_s": round(time.perf_counter() - t, 1), "dims": len(g.dims),
+             "bad_names": " ".join(bad_names(g)), "opaque_ops": len(g.opaque)}  # fmt: skip
+    return wl, g, base
+
+
+def plan_entry(name: str, profiles: list[str], limit: float) -> list[dict]:
+    """``name`` at its published size traced once and planned on each profile."""
+    wl, g, base = traced(name)
+    base = {**base, "time_limit_s": limit}
+    if g is None:
+        return [{**base, "hardware": hw} for hw in profiles]
+    base.pop("dims")
     rows = []
     for hw in profiles:
         t = time.perf_counter()
@@ -179,8 +194,18 @@ def main(argv: list[str]) -> pd.DataFrame:
     ap.add_argument("--hw", default=",".join(PROFILES))
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--figure", action="store_true")
+    ap.add_argument("--names", action="store_true",
+                    help="trace only: each entry's dims and names into catalogue_names.csv")  # fmt: skip
     a = ap.parse_args(argv[1:])
     csv = out / "catalogue.csv"
+    if a.names:
+        names = a.only.split(",") if a.only else list(catalogue.ENTRIES)
+        df = pd.DataFrame([traced(n)[2] for n in names])
+        df.to_csv(out / "catalogue_names.csv", index=False)
+        flagged = df["bad_names"].fillna("").astype(bool)
+        print(f"{len(df)} entries traced at their published sizes: {int(df['opaque_ops'].sum())} "
+              f"opaque ops, {int(flagged.sum())} entries with flagged names")  # fmt: skip
+        return df
     if a.figure:  # redraw from the folder's CSV (the committed one without --out)
         src = csv if csv.exists() else RESULTS / "catalogue.csv"
         df = pd.read_csv(src)
@@ -211,6 +236,8 @@ def main(argv: list[str]) -> pd.DataFrame:
 
 if __name__ == "__main__":
     df = main(sys.argv)
+    if "hardware" not in df:  # --names: said in one line above
+        sys.exit(0)
     cols = ["model", "hardware", "status", "mesh", "mfu", "memory_gib", "wall_s", "silly", "why"]
     with pd.option_context("display.width", 250, "display.max_colwidth", 60):
         print(df[cols].to_string())

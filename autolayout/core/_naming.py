@@ -427,6 +427,20 @@ def _name_dims(
         if r in label:
             fam_name.setdefault(fam.find(r), label[r])
     pg = program(b, data, live)
+    given: dict[str, list[tuple[str, list[int]]]] = {}  # a name asked for: (label, roots)
+
+    def grown(r: int, name: str, role: bool = False) -> None:
+        """``name`` for ``r``, or the label an earlier root asked ``name`` for got where it is
+        of ``r``'s size and no tensor holds both (each unrolled layer slicing one mask: one
+        dim, not one per layer)."""
+        for got, roots in given.get(name, ()):
+            if all(sizes[q] == sizes[r] and apart(q, r) for q in roots):
+                label[r] = got
+                roots.append(r)
+                return
+        claim(r, name)
+        given.setdefault(name, []).append((label[r], [r]))
+
     for _ in range(8):  # a family's further dims after its name (the keys: ``seq#2``), then
         # what those show through slices and reshapes (the 64-square causal mask the keys
         # were sliced from: ``targets_seq+56#2``), until nothing more is named
@@ -435,7 +449,7 @@ def _name_dims(
             f = fam.find(r)
             if f in fam_name:
                 claim(r, fam_name[f])
-        _grow(b, pg, root, label, lambda r, n, role=False: claim(r, n), {}, True)
+        _grow(b, pg, root, label, grown, {}, True)
         for r in todo:
             if r in label:
                 fam_name.setdefault(fam.find(r), label[r])
