@@ -41,6 +41,22 @@ def test_splash_attention_is_jaxs_attention_values_and_gradients(b, t, s, n, k, 
         assert float(jnp.abs(x - y).max()) < 1e-4 * float(jnp.abs(y).max())
 
 
+def test_splash_attention_under_vmap_is_jaxs_attention():
+    """A user's vmapped attention (an extra leading axis, k and v shared across it)."""
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    q = jax.random.normal(keys[0], (3, 2, 32, 2, 16), jnp.float32)
+    k, v = (jax.random.normal(keys[i], (2, 32, 1, 16), jnp.float32) for i in (1, 2))
+
+    def loss(f):
+        inner = jax.vmap(lambda q: f(q, k, v, is_causal=True))
+        return lambda q: (inner(q) ** 2).sum()
+
+    got, g_got = jax.value_and_grad(loss(al.splash_attention))(q)
+    want, g_want = jax.value_and_grad(loss(jax.nn.dot_product_attention))(q)
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert float(jnp.abs(g_got - g_want).max()) < 1e-4 * float(jnp.abs(g_want).max())
+
+
 def test_splash_attention_refuses_unlike_heads_in_one_line():
     q = jnp.zeros((1, 128, 3, 16))
     kv = jnp.zeros((1, 128, 2, 16))

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
+from jax.interpreters import batching, mlir
 
 SPLASH_FWD = ("splash_attention_fwd",)
 SPLASH_BWD = ("splash_attention_bwd",)
@@ -190,6 +190,18 @@ def _run_bwd(q, k, v, lse, out, d_out, *, is_causal, scale, interpret):
     return [dq, dk, dv]
 
 
+def _batched(p, args, dims, **params):
+    """``jax.vmap`` of a call: the mapped axis folded into the batch (every operand's
+    leading axis), an unmapped operand broadcast along it."""
+    v = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
+    xs = [
+        jnp.broadcast_to(x, (v, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims, strict=True)
+    ]
+    outs = p.bind(*[x.reshape(v * x.shape[1], *x.shape[2:]) for x in xs], **params)
+    return [o.reshape(v, o.shape[0] // v, *o.shape[1:]) for o in outs], [0] * len(outs)
+
+
 def _impl(run, *args, **params):
     return run(*args, **params, interpret=jax.default_backend() != "tpu")
 
@@ -197,6 +209,7 @@ def _impl(run, *args, **params):
 fwd_p.def_impl(partial(_impl, _run_fwd))
 bwd_p.def_impl(partial(_impl, _run_bwd))
 for _p, _run in ((fwd_p, _run_fwd), (bwd_p, _run_bwd)):
+    batching.primitive_batchers[_p] = partial(_batched, _p)
     mlir.register_lowering(_p, mlir.lower_fun(partial(_run, interpret=True), multiple_results=True))
     mlir.register_lowering(
         _p, mlir.lower_fun(partial(_run, interpret=False), multiple_results=True), platform="tpu"
