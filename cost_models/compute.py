@@ -150,22 +150,20 @@ def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
         if e.attention is not None
         else f"the matmul efficiency {e.matmul} (not measured for attention)"
     )
-    for kernel, runs_on, other in (
-        ("cuDNN", "gpu", "al.splash_attention (the Pallas kernel)"),
-        ("splash", "tpu", "cuDNN's (jax.nn.dot_product_attention)"),
-    ):
+    # each fused kernel: the chips that run it, and what to call on the other kind
+    kernels = (
+        ("cuDNN", "gpu", "NVIDIA GPUs", "on a TPU call al.splash_attention (the Pallas kernel)"),
+        ("splash", "tpu", "TPUs", "on a GPU call cuDNN's (jax.nn.dot_product_attention)"),
+    )
+    for kernel, kind, chips, instead in kernels:
         n = sum(op.primitive in ATTENTION_OPS and op.param("kernel") == kernel.lower()
                 for op in g.ops)  # fmt: skip
-        if not n:
-            continue
-        if hw.kind != runs_on:
+        if n and hw.kind != kind:
             notes.append(
-                f"the step calls {kernel} attention ({n} kernels), which runs only on "
-                f"{'NVIDIA GPUs' if runs_on == 'gpu' else 'TPUs'}: priced as {hw.kind.upper()} "
-                f"fused attention at {rate}; on {'a TPU' if runs_on == 'gpu' else 'a GPU'} "
-                f"call {other} to run it"
+                f"the step calls {kernel} attention ({n} kernels), which runs only on {chips}: "
+                f"priced as {hw.kind.upper()} fused attention at {rate}; {instead} to run it"
             )
-        elif e.attention is None:
+        elif n and e.attention is None:
             notes.append(
                 f"{kernel} attention ({n} kernels) priced at {rate}: set efficiency.attention "
                 f"in {hw.source}"

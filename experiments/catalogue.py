@@ -103,8 +103,7 @@ def plan_entry(name: str, profiles: list[str], limit: float) -> list[dict]:
     base = {**base, "time_limit_s": limit}
     if g is None:
         return [{**base, "hardware": hw} for hw in profiles]
-    base.pop("dims")
-    rows = []
+    rows = []  # (``dims`` is not a column of the plans' table: reindexed away)
     for hw in profiles:
         t = time.perf_counter()
         try:

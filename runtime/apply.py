@@ -36,7 +36,7 @@ from autolayout.core import (
 )
 from autolayout.cost_models import RUNNABLE, output_layouts
 
-from .kernels import CUDNN, SPLASH, check_kernels, run_in_place, run_sharded, runs_cudnn
+from .kernels import CUDNN, SPLASH, check_kernels, composed, run_in_place, run_sharded
 from .pipeline import INLINE, pipelined_scan, stage_scans
 
 
@@ -240,7 +240,7 @@ def apply(
         )
     producer = {o: op.name for op in graph.ops for o in op.outputs}
     interp = _Interpreter(plan, mesh, visits, producer, graph)
-    interp.in_place = not runs_cudnn(mesh) and any(op.primitive in CUDNN for op in graph.ops)
+    interp.in_place = composed(graph, mesh) > 0
     pipe = plan.solver.get("pipeline")
     if pipe and interp.in_place:
         raise PlanError(

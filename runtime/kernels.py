@@ -21,7 +21,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from autolayout.core import CUDNN_BWD, CUDNN_FWD, SPLASH_BWD, SPLASH_FWD, Graph, PlanError
+from autolayout.core import (
+    CUDNN_BWD,
+    CUDNN_FWD,
+    SPLASH_BWD,
+    SPLASH_FWD,
+    Graph,
+    PlanError,
+    partition_spec,
+)
 
 CUDNN = CUDNN_FWD + CUDNN_BWD
 SPLASH = SPLASH_FWD + SPLASH_BWD
@@ -50,6 +58,12 @@ def _why_not(params: dict, ins: list) -> str | None:
     return None
 
 
+def composed(graph: Graph, mesh: Mesh) -> int:
+    """The step's cuDNN attention calls these devices run as JAX's composition (none on
+    NVIDIA GPUs)."""
+    return 0 if runs_cudnn(mesh) else sum(op.primitive in CUDNN for op in graph.ops)
+
+
 def check_kernels(graph: Graph, mesh: Mesh) -> str | None:
     """A note where the step's kernels run other than as the hardware they were built for
     runs them: cuDNN attention as JAX's composition off NVIDIA GPUs (a call the composition
@@ -57,8 +71,8 @@ def check_kernels(graph: Graph, mesh: Mesh) -> str | None:
     interpreter off TPUs."""
     platform = mesh.devices.flat[0].platform
     notes = []
-    cudnn = sum(op.primitive in CUDNN for op in graph.ops)
-    if cudnn and not runs_cudnn(mesh):
+    cudnn = composed(graph, mesh)
+    if cudnn:
         notes.append(
             f"the step's cuDNN attention ({cudnn} calls) runs on {platform} devices as JAX's "
             f"own composition (jax.nn.dot_product_attention(implementation='xla')): the same "
@@ -114,10 +128,7 @@ def run_sharded(eqn, ins: list, layouts: list, mesh: Mesh) -> list:
             f"splits batch and heads only; plan it again"
         )
 
-    def spec(a):
-        return None if not a else (a[0] if len(a) == 1 else tuple(a))
-
-    b, n = spec(lay[0]), spec(lay[2])
+    b, _, n, _ = partition_spec(lay)
     qs = PartitionSpec(b, None, n, None)
     stat = PartitionSpec(b, n, None)
     in_specs = (qs, qs, qs) + ((stat, qs, qs) if eqn.primitive.name in SPLASH_BWD else ())

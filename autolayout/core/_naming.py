@@ -12,6 +12,8 @@ from ._dim_rules import reshape_groups
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
 from ._roles import copy_groups, path_names, program, resized_name, role_names
 
+WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
+
 # --- dead code -------------------------------------------------------------------------------
 
 
@@ -313,7 +315,6 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
 
 
 SPLIT_PARTS = ("outer", "mid", "inner")
-WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
 
 
 def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
