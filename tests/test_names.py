@@ -225,3 +225,36 @@ def test_a_model_is_named_after_its_file_unless_it_says_otherwise(tmp_path):
     (tmp_path / "my_model.py").write_text(src)
     assert al.load_workload(tmp_path / "my_model.py").name == "my_model"
     assert al.load_workload(tmp_path / "my_model.py", name="mine").name == "mine"
+
+
+def test_a_name_at_several_sizes_is_a_dim_per_size_and_every_further_dim_has_its_base():
+    """A list of convs (32, 64 and 64 channels: the last two of other families) and two
+    kernel sizes: each size its own dim named with it (Mesh-TF's name and size), the
+    further 64 ``convs(64)#2`` beside ``convs(64)``, never a ``#k`` of a name no dim has."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def loss_fn(p, batch):
+        x, y = batch
+        for w in p["convs"]:
+            x = jax.nn.relu(
+                jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+            )
+        logits = x.mean(axis=(1, 2)) @ p["out"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    f32 = jnp.float32
+    params = {"convs": [jax.ShapeDtypeStruct(s, f32) for s in ((5, 5, 3, 32), (3, 3, 32, 64),
+                                                                (3, 3, 64, 64))],
+              "out": jax.ShapeDtypeStruct((64, 10), f32)}  # fmt: skip
+    batch = (jax.ShapeDtypeStruct((8, 16, 16, 3), f32), jax.ShapeDtypeStruct((8,), jnp.int32))
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
+    assert {"convs(32)", "convs(64)", "convs(64)#2", "kernel_height(5)", "kernel_height(3)"} <= set(
+        g.dims
+    ), list(g.dims)
+    assert "convs" not in g.dims and "kernel_height" not in g.dims
+    assert set(g.named("kernel_height")) == {"kernel_height(5)", "kernel_height(3)"}
+    assert all(d.split("#")[0] in g.dims for d in g.dims if "#" in d), list(g.dims)

@@ -266,8 +266,8 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         7x7 stem's, ``convolution(512)`` beside another stage's ``convolution``."""
         for n in names:
             q = taken.get(n)
-            if q is not None and sizes[q] != sizes[r] and free(sized_name(n, sizes[r]), r):
-                claim(r, sized_name(n, sizes[r]), True)
+            if q is not None and sizes[q] != sizes[r]:
+                claim(r, sized_name(n, sizes[r]), True)  # (``#k`` where another family has it)
                 sized.add(n)
                 return True
         return False
@@ -304,13 +304,11 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
                 elif not sized_claim(r, tries):
                     claim(r, tries[0], True)
     _grow(b, pg, root, label, claim, origin, True)
-    for n in sized:  # the first of a name's sizes named with its size too
-        q = taken.get(n)
-        if q is not None:
-            del taken[n]
-            label[q] = sized_name(n, sizes[q])
-            taken[label[q]] = q
-            by_role.setdefault(label[q], []).extend(by_role.pop(n, []))
+    for n in sized:  # the name's other dims named with their sizes too (``n``, ``n#2``)
+        for old in [m for m in taken if base_of(m) == n]:
+            q = taken.pop(old)
+            _claim(label, taken, q, sized_name(n, sizes[q]))
+            by_role.setdefault(label[q], []).extend(by_role.pop(old, []))
     return label, taken, by_role
 
 
