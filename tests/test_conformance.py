@@ -50,11 +50,6 @@ ENTRIES = catalogue.ENTRIES
 REPRESENTATIVES = ("hf_gpt2_clm", "hf_distilbert_mlm", "hf_bart_s2s", "keras_resnet",
                    "eqx_rnn", "nnx_mlp")  # fmt: skip
 
-_MASK = (
-    "the decoder's causal mask is built at max_position_embeddings (64) square and sliced to "
-    "the targets: its key axis, named from the keys' (targets_seq#2) as targets_seq+56#3, is "
-    "of another family than the query axis's targets_seq+56 (slices relate, not link)"
-)
 _PAD = (
     "at the tiny input the last stage's planes are 1x1 (no dim); the backward of its 3x3 "
     "'same' average pooling pads them to 3x3: the new axes are named by the pad op (pad.N:1, "
@@ -62,9 +57,6 @@ _PAD = (
 )
 # fmt: off
 NAMES_NOT_YET = {
-    **dict.fromkeys(("hf_bart_s2s", "hf_blenderbot_s2s", "hf_blenderbot_small_s2s",
-                     "hf_encoder_decoder_s2s", "hf_marian_s2s", "hf_mbart_s2s",
-                     "hf_pegasus_s2s"), _MASK),
     **dict.fromkeys(("hf_big_bird_clm", "hf_big_bird_mlm"),
                     "block-sparse attention's bands of key blocks (seq_8th#2, slices of the "
                     "8 blocks) are of another family than the blocks (seq_8th)"),

@@ -157,6 +157,76 @@ def test_layers_without_scopes_come_from_the_parameters_read(tmp_path):
     ]
 
 
+def _scopeless_mlp():
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = {"layers": [{"w": jax.ShapeDtypeStruct((16, 32), jnp.float32)},
+                         {"w": jax.ShapeDtypeStruct((32, 32), jnp.float32)}],
+              "out": jax.ShapeDtypeStruct((32, 10), jnp.float32)}  # fmt: skip
+    batch = {"x": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+             "y": jax.ShapeDtypeStruct((8,), jnp.int32)}  # fmt: skip
+
+    def loss_fn(p, b):
+        h = b["x"]
+        for layer in p["layers"]:
+            h = jax.nn.gelu(h @ layer["w"])
+        return optax.softmax_cross_entropy_with_integer_labels(h @ p["out"], b["y"]).mean()
+
+    return al.train_workload(loss_fn, optax.adam(1e-3), params, batch, None, name="mlp")
+
+
+def _scopeless_cnn():
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = {"c1": jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.float32),
+              "c2": jax.ShapeDtypeStruct((3, 3, 8, 16), jnp.float32),
+              "fc": jax.ShapeDtypeStruct((16, 10), jnp.float32)}  # fmt: skip
+    batch = (jax.ShapeDtypeStruct((4, 8, 8, 3), jnp.float32),
+             jax.ShapeDtypeStruct((4,), jnp.int32))  # fmt: skip
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def loss_fn(p, b):
+        x, y = b
+        h = jax.nn.relu(jax.lax.conv_general_dilated(x, p["c1"], (1, 1), "SAME",
+                                                     dimension_numbers=dn))  # fmt: skip
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        h = jax.nn.relu(jax.lax.conv_general_dilated(h, p["c2"], (1, 1), "SAME",
+                                                     dimension_numbers=dn))  # fmt: skip
+        logits = h.mean(axis=(1, 2)) @ p["fc"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return al.train_workload(loss_fn, optax.adam(1e-3), params, batch, None, name="cnn")
+
+
+@pytest.mark.parametrize("make", [_scopeless_mlp, _scopeless_cnn])
+def test_every_contraction_is_in_the_layer_of_the_weight_it_reads_or_makes(make):
+    """A model without scopes, as a stranger writes it: each matmul and conv, forward,
+    backward and weight gradient, is in the layer of its weight (``w1 grad`` in ``w1``), not
+    the optimizer's (Adam reads every gradient: the backward pass only feeds it)."""
+    from autolayout.core import op_labels
+
+    g = al.trace(make())
+    lay, labels = op_layers(g), op_labels(g)
+    layer_of: dict[str, set[str]] = {}  # a weight's label -> the layers of its paths
+    for t in g.inputs:
+        path = g.tensors[t].path or ""
+        if path.startswith("params/"):
+            parts = path.split("/")[1:]
+            for part in parts:
+                layer_of.setdefault(part, set()).add(".".join(parts[:-1]) or parts[-1])
+    ops = [o for o in g.ops if o.primitive in ("dot_general", "conv_general_dilated")]
+    kinds = {labels[o.name].split(" ")[-1] for o in ops}
+    assert {"grad", "bwd"} <= kinds, kinds  # the backward pass is there, and named
+    for o in ops:
+        weight = labels[o.name].split(" ")[0]
+        assert lay[o.name] in layer_of[weight], (o.name, labels[o.name], lay[o.name])
+    assert "optimizer" in set(lay.values())  # Adam's own arithmetic stays the optimizer's
+
+
 def test_figures_without_a_display(plans, tmp_path):
     for p in plans:
         figs = p.figures()

@@ -420,11 +420,28 @@ def _name_dims(
     def claim(r: int, name: str) -> None:
         _claim(label, taken, r, name)
 
+    # a dim's families: a dim may join classes of several families (one role's dims that no
+    # tensor holds together; the layers' copies), and is named after any of them (Blenderbot's
+    # key axis shares a dim with its all-ones mask's, of a family no other dim names)
+    fams: dict[int, list[int]] = {}  # the root's own family first
+    for k in keys:
+        r, f = root[k], fam.find(k)
+        at = fams.setdefault(r, [fam.find(r)])
+        if f not in at:
+            at.append(f)
     fam_name: dict[int, str] = {}
     order = sorted({r for r in root if r >= 0})
+
+    def family_name(r: int) -> str | None:
+        return next((fam_name[f] for f in fams[r] if f in fam_name), None)
+
+    def name_families(r: int) -> None:
+        for f in fams[r]:
+            fam_name.setdefault(f, label[r])
+
     for r in order:
         if r in label:
-            fam_name.setdefault(fam.find(r), label[r])
+            name_families(r)
     pg = program(b, data, live)
     given: dict[str, list[tuple[str, list[int]]]] = {}  # a name asked for: (label, roots)
 
@@ -445,26 +462,29 @@ def _name_dims(
         # were sliced from: ``targets_seq+56#2``), until nothing more is named
         todo = [r for r in order if r not in label]
         for r in todo:
-            f = fam.find(r)
-            if f in fam_name:
-                claim(r, fam_name[f])
+            name = family_name(r)
+            if name is not None:
+                claim(r, name)
         _grow(b, pg, root, label, grown, {}, True)
         for r in todo:
             if r in label:
-                fam_name.setdefault(fam.find(r), label[r])
+                name_families(r)
         if not todo or all(r not in label for r in todo):
             break
     for r in order:  # the rest by the op that made it
         if r not in label:
-            f = fam.find(r)
-            if f in fam_name:
-                claim(r, fam_name[f])
+            name = family_name(r)
+            if name is not None:
+                claim(r, name)
             else:
                 t = owner[r]
                 claim(r, f"{b.producer.get(t, f't{t}')}:{r - b.offsets[t]}")
-                fam_name[f] = label[r]
-    dims = {
-        label[r]: Dim(label[r], sizes[r], fam_name[fam.find(r)], user=r in user_names)
-        for r in order
-    }
+                name_families(r)
+
+    def family_of(r: int) -> str:  # the family its name is of, where it has several
+        names = [fam_name[f] for f in fams[r] if f in fam_name]
+        base = base_of(label[r])
+        return next((n for n in names if base_of(n) == base), names[0])
+
+    dims = {label[r]: Dim(label[r], sizes[r], family_of(r), user=r in user_names) for r in order}
     return [label.get(r) if r >= 0 else None for r in root], dims

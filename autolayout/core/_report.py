@@ -95,33 +95,35 @@ def op_layers(g: Graph) -> dict[str, str]:
             readers.setdefault(t, []).append(i)
         for t in op.outputs:
             producer[t] = i
-    # backwards: ops that only feed the optimizer are the optimizer's
-    feeds: set[int] = set()
-    for i in range(len(g.ops) - 1, -1, -1):
-        op = g.ops[i]
-        if op.name_stack or label[i] == OPTIMIZER:
-            continue
-        rs = [r for t in op.outputs for r in readers.get(t, [])]
-        if rs and all(label[r] == OPTIMIZER for r in rs):
-            label[i] = OPTIMIZER
-            feeds.add(i)
     # where gradients enter: a parameter's layer, by shape
     by_shape: dict[tuple, list[str]] = {}
     for t in g.inputs:
         path = g.tensors[t].path or ""
         if path.startswith("params/"):
-            key = (g.tensors[t].shape, g.tensors[t].dtype)
-            by_shape.setdefault(key, []).append(_layer_key(path.split("/")[1:]))
-    for i in sorted(feeds):
+            by_shape.setdefault(g.tensors[t].shape, []).append(_layer_key(path.split("/")[1:]))
+    # backwards: an op that only feeds the optimizer, on values of parameters' shapes (Adam's
+    # squared gradient), is the optimizer's; one that makes a gradient from activations (a
+    # weight's gradient matmul, the embedding's scatter-add) is the layer of the parameter of
+    # its shape, where one parameter has it (and so is an op whose readers only pass that on:
+    # the matmul before a transposed gradient), else its inputs'
+    entered: dict[int, str] = {}
+    for i in range(len(g.ops) - 1, -1, -1):
         op = g.ops[i]
-        if reads_optimizer(op):
+        if op.name_stack or label[i] == OPTIMIZER:
             continue
-        shapes = {(g.tensors[t].shape, g.tensors[t].dtype) for t in op.outputs}
-        real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
-        if real and all(x in {s for s, _ in shapes} for x in real):
-            continue  # elementwise on a gradient (Adam's square): the optimizer's
-        layers = {x for k in shapes for x in by_shape.get(k, [])}
-        label[i] = layers.pop() if len(layers) == 1 else latest(op)
+        rs = [r for t in op.outputs for r in readers.get(t, [])]
+        if not rs:
+            continue
+        if all(label[r] == OPTIMIZER for r in rs):
+            real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
+            if all(x in by_shape for x in real):
+                label[i] = OPTIMIZER
+                continue
+            layers = {x for t in op.outputs for x in by_shape.get(g.tensors[t].shape, [])}
+        else:  # a gradient its readers pass on whole (a transpose, a cast, a sum)
+            layers = {entered.get(r) if g.ops[r].primitive in _PASS_GRAD else None for r in rs}
+        if len(layers) == 1 and None not in layers:
+            label[i] = entered[i] = layers.pop()
     return {op.name: label[i] or OTHER for i, op in enumerate(g.ops)}
 
 
