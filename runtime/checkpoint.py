@@ -45,6 +45,15 @@ def check_directory(path: str | Path, option: str = "--checkpoint-dir") -> Path:
     return p
 
 
+class _QuietBackgroundSave(logging.Filter):
+    """Drops Orbax's log of a save that failed in its background thread (a traceback on
+    stderr when a peer dies mid-save): the failure is raised again by the wait that follows
+    (``Checkpoints.close``), where the run says in one line what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "in background save thread" not in record.getMessage()
+
+
 class Checkpoints:
     """The checkpoints of one run in ``directory`` (Orbax's ``CheckpointManager``): ``save``
     every ``save_every`` steps (and whenever ``force``), asynchronously, ``keep`` kept;
@@ -53,7 +62,10 @@ class Checkpoints:
     def __init__(self, directory: str | Path, *, save_every: int | None = None, keep: int = KEEP):
         self.directory = check_directory(directory)
         self.save_every = save_every
-        logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax: INFO per save, WARNING per sync
+        absl = logging.getLogger("absl")
+        absl.setLevel(logging.ERROR)  # Orbax: INFO per save, WARNING per sync
+        if not any(isinstance(f, _QuietBackgroundSave) for f in absl.filters):
+            absl.addFilter(_QuietBackgroundSave())
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(

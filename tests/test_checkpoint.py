@@ -224,3 +224,24 @@ def test_a_dead_peer_ends_the_other_process_with_one_line(gpt, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, len(lines) + 1))
     assert len(lines) >= printed >= 3
+
+
+def test_a_background_save_failure_is_not_logged_as_a_traceback(tmp_path, caplog):
+    """Orbax logs a save its thread failed (a peer died mid-save) with a traceback; the wait
+    after it raises the failure again, so the run says it in one line: the log is dropped,
+    and Orbax's other errors are not."""
+    import logging
+
+    from autolayout.runtime.checkpoint import Checkpoints
+
+    ck = Checkpoints(tmp_path / "ck", save_every=1)
+    absl = logging.getLogger("absl")
+    with caplog.at_level(logging.ERROR, logger="absl"):
+        try:
+            raise RuntimeError("barrier timed out")
+        except RuntimeError:
+            absl.error("[process=0] Failed to run 4 Handler Commit operations or the Commit "
+                       "callback in background save thread, directory: x", exc_info=True)  # fmt: skip
+        absl.error("another failure")
+    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+    ck.close()
