@@ -435,9 +435,10 @@ def _name_dims(
     def family_name(r: int) -> str | None:
         return next((fam_name[f] for f in fams[r] if f in fam_name), None)
 
-    def name_families(r: int) -> None:
+    def name_families(r: int) -> None:  # a family is named after a dim of its own (not a #k)
         for f in fams[r]:
-            fam_name.setdefault(f, label[r])
+            if f not in fam_name or "#" in fam_name[f] and "#" not in label[r]:
+                fam_name[f] = label[r]
 
     for r in order:
         if r in label:
@@ -464,7 +465,7 @@ def _name_dims(
         for r in todo:
             name = family_name(r)
             if name is not None:
-                claim(r, name)
+                grown(r, name)
         _grow(b, pg, root, label, grown, {}, True)
         for r in todo:
             if r in label:
@@ -484,7 +485,7 @@ def _name_dims(
     def family_of(r: int) -> str:  # the family its name is of, where it has several
         names = [fam_name[f] for f in fams[r] if f in fam_name]
         base = base_of(label[r])
-        return next((n for n in names if base_of(n) == base), names[0])
+        return next((n for n in names if n == base), names[0])
 
     dims = {label[r]: Dim(label[r], sizes[r], family_of(r), user=r in user_names) for r in order}
     return [label.get(r) if r >= 0 else None for r in root], dims
