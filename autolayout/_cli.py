@@ -233,9 +233,9 @@ def trace_cmd(model: str, sets: tuple[str, ...]) -> None:
         click.echo(f"  {op.name}: {op.param('reason')}")
 
 
-def parse_axes(text: str | None, what: str) -> dict[str, Any]:
-    """``"data=16,model=8"`` -> ``{"data": 16, "model": 8}`` (values kept as text for rules)."""
-    out: dict[str, Any] = {}
+def parse_pairs(text: str | None, what: str) -> list[tuple[str, str]]:
+    """``"data=16,model=8"`` -> ``[("data", "16"), ("model", "8")]``, in order."""
+    out = []
     for item in (text or "").split(","):
         if not item.strip():
             continue
@@ -244,7 +244,18 @@ def parse_axes(text: str | None, what: str) -> dict[str, Any]:
             raise click.BadParameter(
                 f"expected NAME=VALUE[,NAME=VALUE...], got {item!r}", param_hint=what
             )
-        out[key.strip()] = value.strip()
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def parse_axes(text: str | None, what: str) -> dict[str, Any]:
+    """``"data=16,model=8"`` -> ``{"data": "16", "model": "8"}``; a name given twice is
+    refused (rules, whose dims may repeat, read :func:`parse_pairs`)."""
+    out: dict[str, Any] = {}
+    for key, value in parse_pairs(text, what):
+        if key in out:
+            raise click.BadParameter(f"{key!r} is given twice", param_hint=what)
+        out[key] = value
     return out
 
 
@@ -332,7 +343,8 @@ def _echo(line: str = "", err: bool = False) -> None:
 @click.option(
     "--rules",
     "rules_text",
-    help="Layout rules, e.g. batch=data,heads=model (a+b for several axes).",
+    help="Layout rules, e.g. batch=data,heads=model (a+b for several axes; a dim given again "
+    "is its fallback where an earlier rule took the first one's axes).",
 )
 @click.option(
     "--layout",
@@ -356,7 +368,7 @@ def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets
         if not mesh_text:
             raise click.UsageError("give --mesh (and --rules), or --layout")
         mesh = _mesh(mesh_text)
-        rules = {k: tuple(v.split("+")) for k, v in parse_axes(rules_text, "--rules").items()}
+        rules = [(k, tuple(v.split("+"))) for k, v in parse_pairs(rules_text, "--rules")]
     plan = evaluate(wl, hw, mesh=mesh, rules=rules, graph=g)
     _print_plan(plan, out)
 

@@ -2,7 +2,10 @@
 
 Rules map dim names to mesh axes and apply to every tensor of the step, Mesh-TF style: an
 axis of a tensor is split over its dim's mesh axes unless an earlier rule already took one
-of them for another axis of that tensor (the order of the rules is their priority). Each op
+of them for another axis of that tensor (the order of the rules is their priority). A dim
+may have several rules: a later one is its fallback where an earlier rule took the first
+one's axes (Flax's ``logical_axis_rules``: ``d_model -> fsdpxexpert`` for the dense weights,
+then ``d_model -> fsdp`` for the experts' weights, whose ``experts`` took ``expert``). Each op
 splits its groups the same way, so where a tensor's layout and the layout its consumer
 splits it in differ (FSDP: weights stored split on ``d_model``, read whole because the batch
 took the axis), the consumer pays the resharding. A dim merged by a reshape (``batch*seq``)
@@ -49,10 +52,11 @@ def normalize_rules(rules: RuleSpec | None) -> list[tuple[str, tuple[str, ...]]]
         if len(set(axes)) != len(axes):
             raise RuleError(f"rule {dim!r} -> {axes}: names a mesh axis twice")
         out.append((dim, axes))
-    dims = [d for d, _ in out]
-    dup = sorted({d for d in dims if dims.count(d) > 1})
-    if dup:
-        raise RuleError(f"two rules for dim {dup[0]!r}; give one per dim")
+    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    for dim, axes in out:
+        if (dim, axes) in seen:
+            raise RuleError(f"rule {dim!r} -> {'x'.join(axes) or '()'} is given twice")
+        seen[(dim, axes)] = 1
     return out
 
 
@@ -125,8 +129,8 @@ class RuleSet:
         self.rules = normalize_rules(rules)
         self.mesh = dict(mesh)
         carried = _carried(g)
-        self.axes: dict[str, tuple[str, ...]] = {}
-        self.priority: dict[str, int] = {}
+        self.axes: dict[str, tuple[str, ...]] = {}  # each dim's first rule
+        self.options: dict[str, list[tuple[int, tuple[str, ...]]]] = {}  # its rules, in order
         for k, dim, axes in _each_size(g, self.rules, self.mesh):
             if dim not in carried:
                 where = (
@@ -151,51 +155,56 @@ class RuleSet:
                     f"rule {dim!r} -> {'x'.join(axes)}: {t.path or t.name} has {dim!r} of size "
                     f"{size}, which {'x'.join(axes)} = {n} does not divide"
                 )
-            self.axes[dim] = axes
-            self.priority[dim] = k
+            self.axes.setdefault(dim, axes)
+            self.options.setdefault(dim, []).append((k, axes))
         for dim, size in g.dims.items():  # a reshape's merged dim follows its leading part
             if dim not in self.axes and "*" in dim:
                 lead = dim.split("*", 1)[0]
-                if (
-                    lead in self.axes
-                    and size % math.prod(self.mesh[a] for a in self.axes[lead]) == 0
-                ):
-                    self.axes[dim] = self.axes[lead]
-                    self.priority[dim] = self.priority[lead]
+                opts = [
+                    (k, axes) for k, axes in self.options.get(lead, ())
+                    if size % math.prod(self.mesh[a] for a in axes) == 0
+                ]  # fmt: skip
+                if opts:
+                    self.axes[dim] = opts[0][1]
+                    self.options[dim] = opts
+
+    def _pick(self, items) -> dict[int, tuple[str, ...]]:
+        """``items``: (dim, sizes) of one tensor's axes or of one op's groups; each item's
+        mesh axes: the first of its dim's rules, in the rules' order, whose axes no earlier
+        pick took and which divide its sizes."""
+        order = sorted(
+            (k, j, i)
+            for i, (d, _) in enumerate(items)
+            if d is not None and d in self.options
+            for j, (k, _) in enumerate(self.options[d])
+        )
+        out: dict[int, tuple[str, ...]] = {}
+        used: set[str] = set()
+        for _, j, i in order:
+            if i in out:
+                continue
+            d, sizes = items[i]
+            axes = self.options[d][j][1]
+            if not axes:  # a rule that keeps the dim whole: no fallback after it
+                out[i] = ()
+                continue
+            n = math.prod(self.mesh[a] for a in axes)
+            if used.isdisjoint(axes) and all(s % n == 0 for s in sizes):
+                out[i] = axes
+                used.update(axes)
+        return out
 
     def layout(self, t: Tensor) -> tuple[tuple[str, ...], ...]:
         """The tensor's layout: each axis its dim's mesh axes, earlier rules first."""
-        out: list[tuple[str, ...]] = [()] * len(t.shape)
-        used: set[str] = set()
-        order = sorted(
-            (self.priority[d], i) for i, d in enumerate(t.dims) if d is not None and d in self.axes
-        )
-        for _, i in order:
-            axes = self.axes[t.dims[i]]
-            if (
-                axes
-                and used.isdisjoint(axes)
-                and t.shape[i] % math.prod(self.mesh[a] for a in axes) == 0
-            ):
-                out[i] = axes
-                used.update(axes)
-        return tuple(out)
+        got = self._pick([(d, (n,)) for d, n in zip(t.dims, t.shape, strict=True)])
+        return tuple(got.get(i, ()) for i in range(len(t.shape)))
 
     def assign(self, g: Graph, groups) -> list[tuple[str, ...]]:
         """Mesh axes of each op group, by the same priority; fixed groups stay whole."""
-        out: list[tuple[str, ...]] = [()] * len(groups)
-        used: set[str] = set()
-        order = sorted(
-            (self.priority[grp.dim], k)
-            for k, grp in enumerate(groups)
-            if grp.kind != "fixed" and grp.dim in self.axes
-        )
-        for _, k in order:
-            grp = groups[k]
-            axes = self.axes[grp.dim]
-            n = math.prod(self.mesh[a] for a in axes)
-            sizes = [g.tensors[t].shape[a] for t, a in grp.members]
-            if axes and used.isdisjoint(axes) and all(s % n == 0 for s in sizes):
-                out[k] = axes
-                used.update(axes)
-        return out
+        items = [
+            (grp.dim if grp.kind != "fixed" else None,
+             [g.tensors[t].shape[a] for t, a in grp.members])
+            for grp in groups
+        ]  # fmt: skip
+        got = self._pick(items)
+        return [got.get(k, ()) for k in range(len(groups))]

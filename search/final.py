@@ -5,6 +5,7 @@ they do not lay out."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from autolayout.core import Graph, Hardware, RuleError, base_name
@@ -358,7 +359,7 @@ def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
         if axes:
             rules.append((d, axes))
     rules.sort(key=lambda r: -sum(votes[r[0]].values()))
-    rules = _merged_sizes(g, rules)
+    rules = _with_fallbacks(g, mesh, layouts, _merged_sizes(g, rules))
     try:
         rs = RuleSet(g, mesh, rules)
     except RuleError:
@@ -369,3 +370,55 @@ def derive_rules(g: Graph, mesh: dict[str, int], layouts) -> tuple[list, list]:
         if rs is None or rs.layout(tt) != tuple(layouts[t]):
             exceptions.append((tt.path or t, tuple(tuple(a) for a in layouts[t])))
     return rules, exceptions
+
+
+FALLBACKS = 8  # further rules tried, the most bytes first
+
+
+def _with_fallbacks(g: Graph, mesh: dict[str, int], layouts, rules: list) -> list:
+    """``rules`` with the further rules (a dim's fallback, Flax's ``logical_axis_rules``) that
+    make the inputs' layouts exceptions to them the least, each where it does most: Mixtral's
+    dense weights split ``d_model`` over ``fsdpxexpert`` and its experts' weights over
+    ``fsdp`` (``experts`` took ``expert``): with ``d_model -> fsdpxexpert`` after
+    ``experts -> expert`` and ``d_model -> fsdp`` after it, no exceptions, not 585."""
+
+    def missed(rs: list) -> tuple[int, dict]:
+        """Bytes of the inputs ``rs`` do not lay out, and (dim, axes) those hold, by bytes."""
+        try:
+            got = RuleSet(g, mesh, rs)
+        except RuleError:
+            return math.inf, {}
+        total, votes = 0, {}
+        for t in g.inputs:
+            tt = g.tensors[t]
+            want = tuple(tuple(a) for a in layouts[t])
+            have = got.layout(tt)
+            if have != want:
+                total += tt.nbytes
+                for d, a, b in zip(tt.dims, want, have, strict=True):
+                    if d is not None and a and a != b:
+                        votes[(d, a)] = votes.get((d, a), 0) + tt.nbytes
+        return total, votes
+
+    best, votes = missed(rules)
+    tried: set = set()
+    for _ in range(FALLBACKS):
+        if not best or not votes:
+            break
+        cand = max((c for c in votes if c not in tried and c not in rules),
+                   key=votes.__getitem__, default=None)  # fmt: skip
+        if cand is None:
+            break
+        tried.add(cand)
+        # it at each place; or there as its dim's first rule, the dim's rules its fallbacks
+        same = [r for r in rules if r[0] == cand[0]]
+        rest = [r for r in rules if r[0] != cand[0]]
+        trials = [rules[:k] + [cand] + rules[k:] for k in range(len(rules) + 1)]
+        trials += (
+            [rest[:k] + [cand, *same] + rest[k:] for k in range(len(rest) + 1)] if same else []
+        )
+        scored = [(missed(r), k) for k, r in enumerate(trials)]
+        (cost, new_votes), k = min(scored, key=lambda x: (x[0][0], x[1]))
+        if cost < best:
+            rules, best, votes = trials[k], cost, new_votes
+    return rules

@@ -74,6 +74,9 @@ def op_layers(g: Graph) -> dict[str, str]:
         return any(t in producer and label[producer[t]] == OPTIMIZER for t in op.inputs)
 
     by_stack: dict[str, str] = {}  # name stack -> its layer (many ops share a stack)
+    scoped: list[bool] = []  # whether a scope gave the op its layer
+    reads_param: list[bool] = []  # whether the op reads a weight (or a view of one)
+    weights = {t for t in g.inputs if (g.tensors[t].path or "").startswith("params/")}
     for i, op in enumerate(g.ops):
         lab = by_stack.get(op.name_stack)
         if lab is None:
@@ -81,6 +84,10 @@ def op_layers(g: Graph) -> dict[str, str]:
         scope = ""
         if lab and not _NUMBERED.search(lab):  # a module's scope (eqx.nn.Linear), no layer
             scope, lab = lab, ""
+        scoped.append(bool(lab))
+        reads_param.append(any(t in weights for t in op.inputs))
+        if reads_param[-1] and op.primitive in _VIEWS:  # a weight's cast, transpose, reversal
+            weights.update(op.outputs)
         if not lab:
             paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
             roots = [p.split("/", 1)[0] for p in paths]
@@ -101,27 +108,57 @@ def op_layers(g: Graph) -> dict[str, str]:
         path = g.tensors[t].path or ""
         if path.startswith("params/"):
             by_shape.setdefault(g.tensors[t].shape, []).append(_layer_key(path.split("/")[1:]))
+
     # backwards: an op that only feeds the optimizer, on values of parameters' shapes (Adam's
     # squared gradient), is the optimizer's; one that makes a gradient from activations (a
     # weight's gradient matmul, the embedding's scatter-add) is the layer of the parameter of
-    # its shape, where one parameter has it (and so is an op whose readers only pass that on:
-    # the matmul before a transposed gradient), else its inputs'
+    # its shape, where one parameter has it (the one the optimizer updates from it, where
+    # several have it), and so is an op all of whose readers are that layer's gradient's
+    # (the matmul before a transposed gradient), unless it reads a weight; else its inputs'
+    def updated(op, depth: int = 24) -> str | None:
+        """The layer of the parameter the optimizer updates from ``op``'s result: the first
+        optimizer op downstream (breadth first) that reads a parameter of its shape."""
+        shape = g.tensors[op.outputs[0]].shape
+        seen, front = set(), [op]
+        for _ in range(depth):
+            nxt = []
+            for o in front:
+                for t in o.outputs:
+                    for r in readers.get(t, []):
+                        if r in seen or label[r] != OPTIMIZER:
+                            continue
+                        seen.add(r)
+                        for x in g.ops[r].inputs:
+                            tt = g.tensors[x]
+                            if tt.shape == shape and (tt.path or "").startswith("params/"):
+                                return _layer_key(tt.path.split("/")[1:])
+                        nxt.append(g.ops[r])
+            if not nxt:
+                return None
+            front = nxt
+        return None
+
     entered: dict[int, str] = {}
     for i in range(len(g.ops) - 1, -1, -1):
         op = g.ops[i]
-        if op.name_stack or label[i] == OPTIMIZER:
+        if scoped[i] or label[i] == OPTIMIZER:
             continue
         rs = [r for t in op.outputs for r in readers.get(t, [])]
         if not rs:
             continue
         if all(label[r] == OPTIMIZER for r in rs):
             real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
-            if all(x in by_shape for x in real):
+            outs = {g.tensors[t].shape for t in op.outputs}
+            if all(x in by_shape for x in real) and outs <= set(real):  # not a transpose
                 label[i] = OPTIMIZER
                 continue
             layers = {x for t in op.outputs for x in by_shape.get(g.tensors[t].shape, [])}
-        else:  # a gradient its readers pass on whole (a transpose, a cast, a sum)
-            layers = {entered.get(r) if g.ops[r].primitive in _PASS_GRAD else None for r in rs}
+            if len(layers) > 1:  # parameters alike (every layer's w2): the one it updates
+                layers = {updated(op)} - {None} or layers
+        elif not reads_param[i]:  # computing only what one layer's gradient is made from
+            layers = {entered.get(r) for r in rs}
+        else:  # a weight's own read (its backward matmul) stays its layer
+            continue
         if len(layers) == 1 and None not in layers:
             label[i] = entered[i] = layers.pop()
     return {op.name: label[i] or OTHER for i, op in enumerate(g.ops)}
@@ -348,14 +385,19 @@ _INDEX = re.compile(r"(?<=/)\d+(?=/)")
 def rule_lines(plan: Plan) -> list[str]:
     """The rules as an engineer reads them: one line per dim, where a dim repeats per layer
     copy (``params/blocks/3/w_in.1``) one line for all copies (``params/blocks/*/w_in.1``,
-    with their count), in the rules' order."""
+    with their count), in the rules' order; a dim's further rule says when it applies."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for d, axes in plan.rules():
         groups.setdefault((_INDEX.sub("*", d), tuple(axes)), []).append(d)
     out = []
+    earlier: dict[str, list[str]] = {}  # a dim's rules so far
     for (pattern, axes), dims in groups.items():
         name = pattern if len(dims) > 1 else dims[0]
         more = f"  ({len(dims)} copies)" if len(dims) > 1 else ""
+        before = earlier.setdefault(pattern, [])
+        if before:
+            more += f"  (where {' or '.join(before)} is taken)"
+        before.append("x".join(axes) or "()")
         out.append(f"{name} -> {'x'.join(axes) or '()'}{more}")
     return out
 
