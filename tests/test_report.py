@@ -419,3 +419,18 @@ def test_report_cli_fits_80_columns(plans, tmp_path):
     assert r.exit_code == 0, r.output
     assert max(map(len, r.output.splitlines())) <= 80
     assert "…" not in r.output and "runs" in r.output
+
+
+def test_mesh_axes_named_with_an_x_are_read_back_whole():
+    """Strategies join mesh axes with ``x`` (``batch:dataxexpert``): read back by the mesh's
+    names, ``expert`` stays one axis (it had become ``e`` and ``pert``: the rules' split
+    listed again as a split "inside the step", and ``expert`` as splitting nothing)."""
+    from autolayout.core._report import axes_in_use, axes_of_text, inner_splits
+
+    assert axes_of_text("dataxexpert", {"data", "expert"}) == ("data", "expert")
+    assert axes_of_text("expertxx", {"expert", "x"}) == ("expert", "x")
+    assert axes_of_text("axb", {"a", "b"}) == ("a", "b")
+    p = al.evaluate(load_model("mlp"), "cpu-8", mesh={"data": 2, "expert": 4},
+                    rules={"batch": ("data", "expert")})  # fmt: skip
+    assert axes_in_use(p) == {"data", "expert"}
+    assert not any(x.startswith("batch -> dataxexpert") for x in inner_splits(p)), inner_splits(p)

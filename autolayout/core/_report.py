@@ -410,7 +410,7 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
     time: dict[tuple[str, str], float] = {}
     count: dict[tuple[str, str], int] = {}
     for row in plan.ops:
-        for dim, axes in _splits(row):
+        for dim, axes in _splits(row, plan.mesh):
             key = (_INDEX.sub("*", dim), "x".join(axes))
             if (key[0], axes) in rules:
                 continue
@@ -422,20 +422,40 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
             for d, a in ranked]  # fmt: skip
 
 
-def _splits(row: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
-    """A report row's strategy, ``"batch:data,d_ff:model"``, as (dim, mesh axes) pairs."""
+def _splits(row: dict[str, Any], mesh) -> list[tuple[str, tuple[str, ...]]]:
+    """A report row's strategy, ``"batch:dataxexpert,d_ff:model"``, as (dim, mesh axes) pairs,
+    the axes read by ``mesh``'s names (``expert`` has an ``x`` in it)."""
     out = []
     for part in filter(None, (row.get("strategy") or "").split(",")):
         dim, _, axes = part.rpartition(":")
-        out.append((dim, tuple(axes.split("x"))))
+        out.append((dim, axes_of_text(axes, mesh)))
     return out
+
+
+def axes_of_text(text: str, names) -> tuple[str, ...]:
+    """``"dataxexpert"`` -> ``("data", "expert")``: mesh axes joined by ``x``, split where
+    the pieces are axis names of ``names`` (else at every ``x``)."""
+
+    def split(i: int) -> tuple[str, ...] | None:
+        if i == len(text):
+            return ()
+        for n in sorted(names, key=len, reverse=True):
+            end = i + len(n)
+            if text.startswith(n, i) and (end == len(text) or text[end] == "x"):
+                rest = split(end + 1 if end < len(text) else end)
+                if rest is not None:
+                    return (n, *rest)
+        return None
+
+    got = split(0) if text else ()
+    return got if got is not None else tuple(text.split("x"))
 
 
 def axes_in_use(plan: Plan) -> set[str]:
     """The mesh axes that split something: a tensor's layout, or an op's work (an op may
     split a summed dim, whose partial results no tensor keeps)."""
     used = {a for lay in plan.layouts.values() for axes in lay for a in axes}
-    return used | {a for row in plan.ops for _, axes in _splits(row) for a in axes}
+    return used | {a for row in plan.ops for _, axes in _splits(row, plan.mesh) for a in axes}
 
 
 def _row_time(row: dict[str, Any]) -> float:
