@@ -52,11 +52,11 @@ def normalize_rules(rules: RuleSpec | None) -> list[tuple[str, tuple[str, ...]]]
         if len(set(axes)) != len(axes):
             raise RuleError(f"rule {dim!r} -> {axes}: names a mesh axis twice")
         out.append((dim, axes))
-    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    seen: set[tuple[str, tuple[str, ...]]] = set()  # a dim may repeat (its fallbacks)
     for dim, axes in out:
         if (dim, axes) in seen:
             raise RuleError(f"rule {dim!r} -> {'x'.join(axes) or '()'} is given twice")
-        seen[(dim, axes)] = 1
+        seen.add((dim, axes))
     return out
 
 
