@@ -382,6 +382,13 @@ def _with_fallbacks(g: Graph, mesh: dict[str, int], layouts, rules: list) -> lis
     ``fsdp`` (``experts`` took ``expert``): with ``d_model -> fsdpxexpert`` after
     ``experts -> expert`` and ``d_model -> fsdp`` after it, no exceptions, not 585."""
 
+    kinds: dict[tuple, list] = {}  # inputs alike (every layer's wq): (a tensor, its layout, bytes)
+    for t in g.inputs:
+        tt = g.tensors[t]
+        want = tuple(tuple(a) for a in layouts[t])
+        kind = kinds.setdefault((tt.dims, tt.shape, want), [tt, want, 0])
+        kind[2] += tt.nbytes
+
     def missed(rs: list) -> tuple[int, dict]:
         """Bytes of the inputs ``rs`` do not lay out, and (dim, axes) those hold, by bytes."""
         try:
@@ -389,15 +396,13 @@ def _with_fallbacks(g: Graph, mesh: dict[str, int], layouts, rules: list) -> lis
         except RuleError:
             return math.inf, {}
         total, votes = 0, {}
-        for t in g.inputs:
-            tt = g.tensors[t]
-            want = tuple(tuple(a) for a in layouts[t])
+        for tt, want, nbytes in kinds.values():
             have = got.layout(tt)
             if have != want:
-                total += tt.nbytes
+                total += nbytes
                 for d, a, b in zip(tt.dims, want, have, strict=True):
                     if d is not None and a and a != b:
-                        votes[(d, a)] = votes.get((d, a), 0) + tt.nbytes
+                        votes[(d, a)] = votes.get((d, a), 0) + nbytes
         return total, votes
 
     best, votes = missed(rules)
