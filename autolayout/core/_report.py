@@ -76,7 +76,8 @@ def op_layers(g: Graph) -> dict[str, str]:
     by_stack: dict[str, str] = {}  # name stack -> its layer (many ops share a stack)
     scoped: list[bool] = []  # whether a scope gave the op its layer
     reads_param: list[bool] = []  # whether the op reads a weight (or a view of one)
-    weights = {t for t in g.inputs if (g.tensors[t].path or "").startswith("params/")}
+    params = [t for t in g.inputs if (g.tensors[t].path or "").startswith("params/")]
+    weights = set(params)  # the parameters and their views, as the loop meets them
     for i, op in enumerate(g.ops):
         lab = by_stack.get(op.name_stack)
         if lab is None:
@@ -104,10 +105,10 @@ def op_layers(g: Graph) -> dict[str, str]:
             producer[t] = i
     # where gradients enter: a parameter's layer, by shape
     by_shape: dict[tuple, list[str]] = {}
-    for t in g.inputs:
-        path = g.tensors[t].path or ""
-        if path.startswith("params/"):
-            by_shape.setdefault(g.tensors[t].shape, []).append(_layer_key(path.split("/")[1:]))
+    for t in params:
+        layer = _layer_key(g.tensors[t].path.split("/")[1:])
+        by_shape.setdefault(g.tensors[t].shape, []).append(layer)
+    is_param = set(params)
 
     # backwards: an op that only feeds the optimizer, on values of parameters' shapes (Adam's
     # squared gradient), is the optimizer's; one that makes a gradient from activations (a
@@ -129,9 +130,8 @@ def op_layers(g: Graph) -> dict[str, str]:
                             continue
                         seen.add(r)
                         for x in g.ops[r].inputs:
-                            tt = g.tensors[x]
-                            if tt.shape == shape and (tt.path or "").startswith("params/"):
-                                return _layer_key(tt.path.split("/")[1:])
+                            if x in is_param and g.tensors[x].shape == shape:
+                                return _layer_key(g.tensors[x].path.split("/")[1:])
                         nxt.append(g.ops[r])
             if not nxt:
                 return None
@@ -436,10 +436,12 @@ def axes_of_text(text: str, names) -> tuple[str, ...]:
     """``"dataxexpert"`` -> ``("data", "expert")``: mesh axes joined by ``x``, split where
     the pieces are axis names of ``names`` (else at every ``x``)."""
 
+    longest = sorted(names, key=len, reverse=True)
+
     def split(i: int) -> tuple[str, ...] | None:
         if i == len(text):
             return ()
-        for n in sorted(names, key=len, reverse=True):
+        for n in longest:
             end = i + len(n)
             if text.startswith(n, i) and (end == len(text) or text[end] == "x"):
                 rest = split(end + 1 if end < len(text) else end)
