@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from .core import (
     ACCUMULATION,
+    DEFAULT_GAP,
     DEFAULT_REMAT,
     DEFAULT_SCHEDULE,
     DEFAULT_TIME_LIMIT_S,
@@ -31,6 +32,7 @@ from .core import (
     accumulation_for_plan,
     atomic_write,
     axes_in_use,
+    check_gap,
     check_limit,
     check_writable,
     diff,
@@ -545,10 +547,13 @@ def _plan_options(f):
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=DEFAULT_SCHEDULE,
               show_default=True,
               help="gpipe (what autolayout run runs) or 1f1b (priced as Megatron-LM runs it).")  # fmt: skip
+@click.option("--gap", type=float, default=DEFAULT_GAP, show_default=True,
+              help="Stop once the plan is proven within this fraction of the best possible "
+                   "(0.02: 2%; 0: proven exactly, where the search can prove it).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 @_stoppable
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
-             deterministic, remat, pipeline, stages, microbatches, schedule, out) -> None:  # fmt: skip
+             deterministic, remat, pipeline, stages, microbatches, schedule, gap, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time).
     The first Ctrl-C (or SIGTERM) ends the search with the best plan found so far (written
     to --out, exit status 130 or 143); a second stops at once."""
@@ -556,6 +561,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     # where this is the `autolayout` command (Python's imports too)
     started = time.perf_counter() - (_process_age() if _AS_COMMAND[0] else 0.0)
     _checked_limits(time_limit, memory_limit)
+    check_gap("--gap", gap)
     if out:
         check_writable(out)
     hw = hardware(hw_name, hw_devices)
@@ -566,7 +572,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
         p = search_plan(wl, hw, mesh=mesh, memory_limit=limit, time_limit_s=time_limit, progress=progress,
                  objective=objective, deterministic=deterministic, remat=remat,
                  pipeline=pipeline, stages=stages,
-                 microbatches=microbatches, schedule=schedule, started_at=started)  # fmt: skip
+                 microbatches=microbatches, schedule=schedule, started_at=started, gap=gap)  # fmt: skip
     mark_interrupted(p)
     if p.status == "INFEASIBLE":
         need = p.solver.get("least_memory_bytes", p.predicted["memory_bytes_per_device"])

@@ -74,8 +74,13 @@ class Clock:
     # 0.02-0.1 s on the examples' 300-600
     FINAL_S, FINAL_OP_S = 0.05, 4e-5
 
-    def __init__(self, deterministic: bool = True, wall_end: float = math.inf) -> None:
+    def __init__(
+        self, deterministic: bool = True, wall_end: float = math.inf, gap: float = 0.0
+    ) -> None:
         self.deterministic = deterministic
+        # the call's stopping rule: a plan within this fraction of every mesh shape's bound
+        # is proven (``al.plan(gap=)``); a shape whose bound is within it of the best is done
+        self.gap = gap
         self.virtual = 0.0
         self.end = math.inf  # the call's budget ends here, in this clock's units
         # past this wall time every deadline has passed (the limit holds), and ``walled``

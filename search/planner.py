@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autolayout.core import (
+    DEFAULT_GAP,
     DEFAULT_REMAT,
     DEFAULT_SCHEDULE,
     DEFAULT_TIME_LIMIT_S,
@@ -43,6 +44,7 @@ from autolayout.core import (
     PlanError,
     Workload,
     accumulation_refusal,
+    check_gap,
     check_limit,
     checkpoint_names,
     gc_paused,
@@ -119,6 +121,7 @@ def plan(
     microbatches: int | None = None,
     schedule: str = DEFAULT_SCHEDULE,
     started_at: float | None = None,
+    gap: float = DEFAULT_GAP,
 ) -> Plan:
     """Searches layouts and mesh shapes for the least predicted step time that fits in
     memory (``memory_limit`` bytes per device; default the profile's HBM x headroom).
@@ -148,12 +151,18 @@ def plan(
 
     ``objective="memory"`` is Mesh-TF's auto_mtf objective instead: the least peak memory
     per device (ties: the faster), whether or not it fits.
+
+    ``gap``: the stopping rule (default 2%): a mesh shape's whole ILP ends once its plan is
+    within ``gap`` of its bound, and a shape whose lower bound is within ``gap`` of the best
+    plan is not searched; ``"OPTIMAL"`` means proven within it over every mesh shape (as a
+    MIP solver's relative gap), and ``plan.solver["gap"]`` says the gap on the plan's mesh.
+    ``gap=0``: proven exactly.
     """
     if objective not in ("time", "memory"):
         raise ValueError(f"objective must be 'time' or 'memory', got {objective!r}")
     hw = hardware(hw) if isinstance(hw, str) else hw
     if active() is None:  # the call itself: its clock, and the limit made a budget
-        return _call(workload, hw, time_limit_s, deterministic, started_at, dict(
+        return _call(workload, hw, time_limit_s, deterministic, started_at, gap, dict(
             mesh=mesh, memory_limit=memory_limit, share=share, graph=graph,
             progress=progress, prune=prune, full_limit=full_limit,
             refine_shapes=refine_shapes, objective=objective, remat=remat,
@@ -178,17 +187,18 @@ def plan(
     return p
 
 
-def _call(workload, hw, time_limit_s, deterministic, started_at, kw) -> Plan:
+def _call(workload, hw, time_limit_s, deterministic, started_at, gap, kw) -> Plan:
     """One ``al.plan`` call: a clock whose wall-clock stop is the time limit from
     ``started_at``, and a budget of :data:`WORK_SHARE` of the limit in work (deterministic)
     or the seconds left (wall clock)."""
     check_limit("time_limit_s", time_limit_s, "seconds")
+    check_gap("gap", gap)
     if kw["memory_limit"] is not None:
         check_limit("memory_limit", kw["memory_limit"], "bytes")
     if (why := target_mismatch(workload, hw.kind)) is not None:
         warnings.warn(why, stacklevel=4)  # past _call, plan and its interruptible wrapper
     start = time.perf_counter() if started_at is None else started_at
-    with using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack())) as c:
+    with using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack(), gap=gap)) as c:
         budget = (
             WORK_SHARE * time_limit_s
             if deterministic
@@ -199,6 +209,7 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, kw) -> Plan:
     p.solver["phases_s"] = dict(c.phases)
     p.solver["wall_s"] = time.perf_counter() - start
     p.solver["time_limit_s"] = float(time_limit_s)
+    p.solver["gap_limit"] = float(gap)
     p.solver["deterministic"] = deterministic and not c.walled
     if deterministic:
         p.solver["work_s"] = c.virtual
@@ -617,7 +628,7 @@ def _search(graph, hw, st, shapes, mesh, limit, deadline, hand_s, progress, prun
 
     for k, r in enumerate(order):
         ts = time.perf_counter()
-        if now() < deadline and _pruned(r, best_time, full_limit):
+        if now() < deadline and _pruned(r, best_time, full_limit, clock().gap):
             continue
         if refined >= refine_shapes and not near(r):  # past the best few, near ones too
             r.status, r.note = "SEEDED", f"not among the {refine_shapes} best seeded shapes"
@@ -693,9 +704,10 @@ def why_ended(results: Sequence[ShapeResult], win: ShapeResult, status: str, spe
     return head + (f" ({skipped} of {n} mesh shapes not reached)" if skipped else "")
 
 
-def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
-    """Marks ``r`` PRUNED when no layout on its shape can beat ``best_time``: its request's
-    lower bound (every node at its cheapest strategy, resharding free) is at least that.
+def _pruned(r: ShapeResult, best_time: float, full_limit: int, gap: float = 0.0) -> bool:
+    """Marks ``r`` PRUNED when no layout on its shape can beat ``best_time`` by more than
+    ``gap`` (the call's stopping rule): its request's lower bound (every node at its cheapest
+    strategy, resharding free) is at least ``best_time / (1 + gap)``.
     Computed where the request is small enough for the whole ILP (whose node costs it
     shares); the bound ignores resharding and memory, so it rules out few shapes of a large
     model, and pricing every strategy there takes seconds."""
@@ -704,10 +716,12 @@ def _pruned(r: ShapeResult, best_time: float, full_limit: int) -> bool:
         return False
     if r.lower_bound is None:
         r.lower_bound = req.lower_bound()
-    if r.lower_bound < best_time:
+    if r.lower_bound * (1.0 + gap) < best_time:
         return False
     r.status = "PRUNED"
-    r.note = f"lower bound {r.lower_bound:.4g} s >= the best found {best_time:.4g} s"
+    r.note = f"lower bound {r.lower_bound:.4g} s >= the best found {best_time:.4g} s" + (
+        f" / (1 + {gap:g})" if r.lower_bound < best_time else ""
+    )
     return True
 
 

@@ -61,15 +61,16 @@ def _solve_fitting(
     time_limit_s: float,
     rows: list,
     deadline: float | None = None,
+    relative_gap: float = 0.0,
 ) -> tuple[ilp.Solution | None, Candidate | None]:
     """Solves, adding a memory row at the peak of each solution that does not fit, until
-    ``deadline`` (each solve ``time_limit_s`` at most)."""
+    ``deadline`` (each solve ``time_limit_s`` at most; each ends within ``relative_gap`` of
+    its bound)."""
 
     def solve(rows, left):
         t = time_limit_s if left is None else max(0.05, min(time_limit_s, left))
-        return charged_solve(
-            req, candidates=candidates, rows=rows, limit_bytes=limit, time_limit_s=t, hint=hint
-        )
+        return charged_solve(req, candidates=candidates, rows=rows, limit_bytes=limit,
+                             time_limit_s=t, hint=hint, relative_gap=relative_gap)  # fmt: skip
 
     sol = None
     for sol, mem in _with_rows(req, rows, solve, deadline):
@@ -103,13 +104,15 @@ def refine(
     time_limit_s: float,
     full_limit: int = FULL_LIMIT,
 ) -> tuple[Candidate, str, int, int]:
-    """The ILP from ``start``: the whole model where small, else neighbourhood rounds."""
+    """The ILP from ``start``: the whole model where small (ended within the call's gap
+    of its bound: ``clock().gap``), else neighbourhood rounds (each solved exactly: a
+    round's bound is its neighbourhood's, not the shape's)."""
     t_end = now() + time_limit_s
     rows = [memory_row(req, memory_peak(req, start.choice)[1])]
     best = start
     if req.size() <= full_limit:
         sol, cand = _solve_fitting(
-            req, limit, None, best.choice, min(time_limit_s, FULL_S), rows, t_end
+            req, limit, None, best.choice, min(time_limit_s, FULL_S), rows, t_end, clock().gap
         )
         status = sol.status if sol is not None else "UNKNOWN"
         if sol is not None and sol.bound_s is not None and status in ("OPTIMAL", "FEASIBLE"):

@@ -5,8 +5,10 @@ with the reports over it). Nothing here imports ``cost_models``, ``search`` or
 
 from ._atomic import atomic_write as atomic_write
 from ._checks import InputError as InputError
+from ._checks import check_gap as check_gap
 from ._checks import check_limit as check_limit
 from ._checks import check_writable as check_writable
+from ._defaults import DEFAULT_GAP as DEFAULT_GAP
 from ._defaults import DEFAULT_REMAT as DEFAULT_REMAT
 from ._defaults import DEFAULT_SCHEDULE as DEFAULT_SCHEDULE
 from ._defaults import DEFAULT_TIME_LIMIT_S as DEFAULT_TIME_LIMIT_S

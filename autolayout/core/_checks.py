@@ -37,6 +37,20 @@ def check_limit(name: str, value: Any, unit: str) -> float:
     return float(value)
 
 
+def check_gap(name: str, value: Any) -> float:
+    """``value`` as a float, where it is a fraction in [0, 1) (a relative gap: ``0.02`` is
+    2%); else :class:`InputError` naming ``name`` (``"--gap"``, ``"gap"``) and the value.
+
+    Example:
+      >>> check_gap("--gap", 0.02)
+      0.02
+    """
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not math.isfinite(value) or not 0 <= value < 1:
+        raise InputError(f"{name} must be a fraction in [0, 1) (0.02 is 2%), got {_shown(value)}")
+    return float(value)
+
+
 def check_writable(path: str | Path, option: str = "--out") -> Path:
     """``path`` as a :class:`~pathlib.Path`, where a file can be written there (its directory
     exists and is writable; it is not a directory, nor a read-only file); else

@@ -8,6 +8,8 @@ INFEASIBLE where the command line chose a remat policy and fitted).
   policy that fits (``search.planner.remat_candidates``).
 - ``DEFAULT_SCHEDULE``: the pipeline schedule priced where stages are tried (``"gpipe"``: what
   ``al.apply`` and ``autolayout run`` run).
+- ``DEFAULT_GAP``: the search ends a shape, and the whole search, once its plan is proven within
+  this fraction of the bound (as a MIP solver's relative gap: OPTIMAL means proven within it).
 """
 
 from __future__ import annotations
@@ -15,3 +17,4 @@ from __future__ import annotations
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_REMAT = "auto"
 DEFAULT_SCHEDULE = "gpipe"
+DEFAULT_GAP = 0.02

@@ -15,11 +15,19 @@ def status_text(plan: Any) -> str:
     >>> s = {"gap": 0.016, "stopped": "the time limit ended the search"}
     >>> status_text(P(status="TIMEOUT", solver=s))
     'found, within 1.6% of the best possible on its mesh; the time limit ended the search'
+    >>> status_text(P(status="OPTIMAL", solver={"gap": 0.012, "gap_limit": 0.02}))
+    'proven within 2% of the best possible (1.2% on its mesh)'
+
+    ``OPTIMAL`` is proven within the call's ``gap_limit`` (``al.plan(gap=)``, 2% by default:
+    a MIP solver's relative gap); "proven optimal" where the plan's own gap is nil.
     """
     s = getattr(plan, "solver", None) or {}
     code = plan.status
     if s.get("interrupted"):
         head = "interrupted: the best plan found before the signal"
+    elif code == "OPTIMAL" and s.get("gap_limit") and (s.get("gap") or 0.0) >= 5e-4:
+        head = (f"proven within {s['gap_limit'] * 100:g}% of the best possible "
+                f"({s['gap']:.1%} on its mesh)")  # fmt: skip
     elif code == "OPTIMAL":
         head = "proven optimal (for the cost model)"
     elif code == "INFEASIBLE":
