@@ -81,6 +81,7 @@ class Clock:
         # the call's stopping rule: a plan within this fraction of every mesh shape's bound
         # is proven (``al.plan(gap=)``); a shape whose bound is within it of the best is done
         self.gap = gap
+        self.limit_s = 0.0  # the call's time limit (``al.plan``'s), seconds
         self.virtual = 0.0
         self.end = math.inf  # the call's budget ends here, in this clock's units
         # past this wall time every deadline has passed (the limit holds), and ``walled``

@@ -12,6 +12,7 @@ from autolayout.core import Graph, Hardware, RuleError, base_name
 from autolayout.cost_models import RuleSet, plan_from_costs, price
 
 from .baselines import batch_dim, seq_dims, spatial_dims
+from .bound import lp_bound
 from .clock import clock
 from .interrupt import interrupted
 from .liveness import memory_peak
@@ -297,14 +298,17 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
 
 
 BOUND_NODES = 5000  # decisions up to which the per-op bound is priced (0.1 s at 332 nodes)
+LP_SHARE = 0.1  # of the call's time limit, the work the winner's LP bound may take
 
 
 def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
-    """A lower bound on the step time of any layout on the winning mesh shape: CP-SAT's bound
-    where the whole formulation was solved (every strategy, resharding and the memory rows:
-    no *fitting* layout is faster), else every op at its cheapest strategy with resharding
-    and memory free (``Request.lower_bound``: weak where resharding or memory decide).
-    Returns the bound (None where there is no request) and the seconds it took."""
+    """A lower bound on the step time of any layout on the winning mesh shape, the best of:
+    CP-SAT's bound where the whole formulation was solved (every strategy, resharding and the
+    memory rows: no *fitting* layout is faster); the LP relaxation with resharding, memory
+    free (:func:`.bound.lp_bound`, where it solves in ``LP_SHARE`` of the time limit); every
+    op at its cheapest strategy with resharding and memory free (``Request.lower_bound``:
+    weak where resharding decides). Returns the bound (None where there is no request), the
+    seconds it took and which it is."""
     req = win.request
     if req is None:
         return None, 0.0, ""
@@ -312,13 +316,15 @@ def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
     if win.lower_bound is None and len(req.nodes) <= BOUND_NODES:
         win.lower_bound = req.lower_bound()
     per_op = win.lower_bound or 0.0
-    bound = max(per_op, req.whole_bound or 0.0)
+    lp = lp_bound(req, LP_SHARE * clock().limit_s) if len(req.nodes) <= BOUND_NODES else None
+    kinds = [(per_op, "every op at its cheapest split, resharding and memory free"),
+             (lp.bound_s if lp else 0.0, "the LP relaxation over every layout, resharding "
+              "priced and memory free"),
+             (req.whole_bound or 0.0, "the ILP's bound over every fitting layout")]  # fmt: skip
+    bound, kind = max(kinds, key=lambda k: k[0])
     if bound <= 0:  # too many decisions to price every strategy (26k: ~9 s), no ILP bound
         return None, time.perf_counter() - t, ""
-    return bound, time.perf_counter() - t, (
-        "the ILP's bound over every fitting layout" if bound > per_op
-        else "every op at its cheapest split, resharding and memory free"
-    )  # fmt: skip
+    return bound, time.perf_counter() - t, kind
 
 
 def _merged_sizes(g: Graph, rules: list) -> list:

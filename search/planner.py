@@ -205,6 +205,7 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, gap, kw) -> Pla
             else start + time_limit_s - time.perf_counter()
         )
         c.end = c.now() + budget
+        c.limit_s = float(time_limit_s)
         p = plan(workload, hw, time_limit_s=budget, **kw)
     p.solver["phases_s"] = dict(c.phases)
     p.solver["wall_s"] = time.perf_counter() - start

