@@ -69,6 +69,7 @@ from .accumulation import plan_accumulation, written_memory
 from .accumulation import record as record_accumulation
 from .accumulation import why_chosen as accumulation_why
 from .baselines import layouts_and_misses
+from .bound import lp_bound
 from .clock import WORK_SHARE, Clock, active, charge, clock, now, using, wall_slack
 from .final import _to_plan
 from .interrupt import interrupted, interruptible
@@ -705,6 +706,10 @@ def why_ended(results: Sequence[ShapeResult], win: ShapeResult, status: str, spe
     return head + (f" ({skipped} of {n} mesh shapes not reached)" if skipped else "")
 
 
+PRUNE_LP_PAIRS = 16_000  # strategy pairs up to which a shape's LP bound may prune it (~0.5 s)
+PRUNE_LP_SHARE = 0.02  # of the time limit, the work each shape's LP may take
+
+
 def _pruned(r: ShapeResult, best_time: float, full_limit: int, gap: float = 0.0) -> bool:
     """Marks ``r`` PRUNED when no layout on its shape can beat ``best_time`` by more than
     ``gap`` (the call's stopping rule): its request's lower bound (every node at its cheapest
@@ -713,11 +718,17 @@ def _pruned(r: ShapeResult, best_time: float, full_limit: int, gap: float = 0.0)
     shares); the bound ignores resharding and memory, so it rules out few shapes of a large
     model, and pricing every strategy there takes seconds."""
     req = r.request
-    if req is None or not math.isfinite(best_time) or req.size() > full_limit:
+    if req is None or not math.isfinite(best_time) or req.size() > PRUNE_LP_PAIRS:
         return False
-    if r.lower_bound is None:
+    if r.lower_bound is None and req.size() <= full_limit:
         r.lower_bound = req.lower_bound()
-    if r.lower_bound * (1.0 + gap) < best_time:
+    if (r.lower_bound or 0.0) * (1.0 + gap) < best_time and not r.lp_tried:
+        # the LP relaxation with resharding (search/bound.py), where per-op does not prune
+        r.lp_tried = True
+        lp = lp_bound(req, PRUNE_LP_SHARE * clock().limit_s)
+        if lp is not None:
+            r.lower_bound = max(r.lower_bound or 0.0, lp.bound_s)
+    if r.lower_bound is None or r.lower_bound * (1.0 + gap) < best_time:
         return False
     r.status = "PRUNED"
     r.note = f"lower bound {r.lower_bound:.4g} s >= the best found {best_time:.4g} s" + (

@@ -92,3 +92,25 @@ def test_the_lp_bound_binds_where_the_per_op_bound_does_not():
 def test_the_lp_bound_gives_up_past_its_work():
     req = _request("my_transformer", "cpu-8", 1)  # 2 x 4: 67k pairs, past what 1 s solves
     assert lp_bound(req, 1.0) is None
+
+
+def test_a_shape_whose_lp_bound_is_within_the_gap_is_not_searched():
+    """The README's MLP on tpu-v5e-8: one axis of 8 and 4 x 2 are ruled out by their LP
+    bounds (every op at its cheapest split would rule out neither: 4 x 2 was only seeded,
+    not among the best three), each within the gap of the plan at most."""
+    from test_gap import _mlp
+
+    wl = _mlp()
+    p = al.plan(wl, "tpu-v5e-8", time_limit_s=10)
+    g = al.trace(wl)
+    hw = al.hardware("tpu-v5e-8")
+    st = st_mod.analyse(g, share=True, donated=donated_inputs(wl, g),
+                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
+                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    step, gap = p.predicted["step_time_s"], p.solver["gap_limit"]
+    pruned = [r for r in p.solver["mesh_shapes_tried"] if r["status"] == "PRUNED"]
+    assert len(pruned) >= 2, p.solver["mesh_shapes_tried"]
+    for r in pruned:
+        assert r["lower_bound_s"] * (1 + gap) >= step
+        per_op = rq.build(st, hw, r["mesh"]).lower_bound()
+        assert per_op * (1 + gap) < step < r["lower_bound_s"] * (1 + gap), (per_op, r)
