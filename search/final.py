@@ -315,12 +315,16 @@ def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
     t = time.perf_counter()
     if win.lower_bound is None and len(req.nodes) <= BOUND_NODES:
         win.lower_bound = req.lower_bound()
-    per_op = win.lower_bound or 0.0
-    lp = lp_bound(req, LP_SHARE * clock().limit_s) if len(req.nodes) <= BOUND_NODES else None
-    kinds = [(per_op, "every op at its cheapest split, resharding and memory free"),
-             (lp.bound_s if lp else 0.0, "the LP relaxation over every layout, resharding "
-              "priced and memory free"),
-             (req.whole_bound or 0.0, "the ILP's bound over every fitting layout")]  # fmt: skip
+    per_op = win.lower_bound or 0.0  # the LP's too, where it pruned on it (lp_bound below)
+    lp = win.lp_bound  # solved already where the shape's pruning tried it
+    if lp is None and len(req.nodes) <= BOUND_NODES:
+        solved = lp_bound(req, LP_SHARE * clock().limit_s)
+        lp = solved.bound_s if solved is not None else None
+    # the strongest first: a tie (a lower bound the LP raised) is named by the LP
+    kinds = [(req.whole_bound or 0.0, "the ILP's bound over every fitting layout"),
+             (lp or 0.0, "the LP relaxation over every layout, resharding priced and memory "
+              "free"),
+             (per_op, "every op at its cheapest split, resharding and memory free")]  # fmt: skip
     bound, kind = max(kinds, key=lambda k: k[0])
     if bound <= 0:  # too many decisions to price every strategy (26k: ~9 s), no ILP bound
         return None, time.perf_counter() - t, ""

@@ -727,6 +727,7 @@ def _pruned(r: ShapeResult, best_time: float, full_limit: int, gap: float = 0.0)
         r.lp_tried = True
         lp = lp_bound(req, PRUNE_LP_SHARE * clock().limit_s)
         if lp is not None:
+            r.lp_bound = lp.bound_s
             r.lower_bound = max(r.lower_bound or 0.0, lp.bound_s)
     if r.lower_bound is None or r.lower_bound * (1.0 + gap) < best_time:
         return False

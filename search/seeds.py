@@ -49,6 +49,7 @@ class ShapeResult:
     hand: dict[str, Candidate] = field(default_factory=dict)  # the hand-layout seeds
     lower_bound: float | None = None  # no layout on this shape is faster (where computed)
     lp_tried: bool = False  # its LP bound was tried (search/bound.py), whatever it gave
+    lp_bound: float | None = None  # that LP bound, where it solved
     greedy: dict[str, Candidate] | None = None  # seeds with the greedy descent, once made
     named: bool = False  # the user's mesh: its axis names are kept
 
