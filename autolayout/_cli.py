@@ -644,6 +644,9 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
     _echo(f"searched {len(tried)} mesh shapes ({parts}) in {p.solver['wall_s']:.1f} s{work}")
     if p.solver.get("source", "search") != "search":
         _echo(f"chosen: {p.solver['source']}")
+    for axis, parts_of in p.solver.get("merged_axes", {}).items():
+        _echo(f"mesh: {' x '.join(parts_of)} split only together in the plan found: one axis "
+              f"{axis}={p.mesh[axis]} (the same devices in the same order)")  # fmt: skip
     if p.status == "INFEASIBLE":
         sys.exit(1)
 

@@ -69,6 +69,7 @@ class Segment:
     level: str = "ici"  # "ici" | "nvlink" | "network" | "host"
     dim: int = 0  # which physical dimension (innermost 0)
     dim_length: int = 0  # that dimension's whole length
+    dim_wraps: bool = False  # that dimension, spanned whole, is a closed ring
 
 
 def _physical_dims(hw: Hardware) -> list[tuple[int, float, float, bool, str]]:
@@ -131,7 +132,7 @@ def place_mesh(hw: Hardware, mesh: dict[str, int]) -> dict[str, tuple[Segment, .
                         f"mesh axis {name!r}={n} does not tile {hw.name}'s {level} dimension of {length}"
                     )
                 seg = hi // lo
-                segs.append(Segment(seg, bw, lat, wrap and seg == length, level, k, length))
+                segs.append(Segment(seg, bw, lat, wrap and seg == length, level, k, length, wrap))
             c *= length
         out[name] = tuple(segs)
     return out
@@ -141,7 +142,9 @@ def group_segments(
     placement: dict[str, tuple[Segment, ...]], axes: tuple[str, ...]
 ) -> tuple[Segment, ...]:
     """The segments of a group spanning several mesh axes: where two axes share a physical
-    dimension their lengths multiply (a ring that covers the whole dimension is closed).
+    dimension their lengths multiply (a ring that covers the whole dimension is closed where
+    that dimension wraps around: a 2 x 4 v5e slice's y ring of 4 is open however the mesh
+    splits it, ``tests/test_collective_groups.py``).
 
     Example:
       >>> import autolayout as al
@@ -155,8 +158,9 @@ def group_segments(
             if s.dim in by_dim:
                 o = by_dim[s.dim]
                 n = o.length * s.length
-                wrap = (o.wraparound or s.wraparound or o.dim_length == n) and n == s.dim_length
-                s = Segment(n, s.bandwidth, s.latency_s, wrap, s.level, s.dim, s.dim_length)
+                wrap = s.dim_wraps and n == s.dim_length
+                s = Segment(n, s.bandwidth, s.latency_s, wrap, s.level, s.dim, s.dim_length,
+                            s.dim_wraps)  # fmt: skip
             by_dim[s.dim] = s
     return tuple(by_dim[k] for k in sorted(by_dim))
 

@@ -28,42 +28,35 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 Step = tuple[str, tuple[int, ...], int]  # (kind, one group's devices, elements per device)
 
 
-@dataclass(frozen=True, eq=False)
 class Tiling:
     """A tile assignment: ``ids[i0, .., in, r]`` is the device holding tile ``(i0, .., in)``
-    (replica ``r``); ids are positions in ``devmap`` (a device group's in-group numbering)."""
+    (replica ``r``); ids are positions in ``devmap`` (a device group's in-group numbering).
+    Its counts are worked out once (the replay reads them a million times a plan)."""
 
-    ids: np.ndarray  # shape tiles + (rep,)
+    __slots__ = ("ids", "tiles", "rep", "num_tiles", "partial", "replicated", "_sorted")
 
-    @property
-    def tiles(self) -> tuple[int, ...]:
-        return tuple(self.ids.shape[:-1])
-
-    @property
-    def rep(self) -> int:
-        return int(self.ids.shape[-1])
-
-    @property
-    def partial(self) -> bool:  # XLA's ReplicateOnLastTileDim
-        return self.rep > 1 and self.num_tiles > 1
-
-    @property
-    def num_tiles(self) -> int:
-        return math.prod(self.tiles)
-
-    @property
-    def replicated(self) -> bool:
-        return self.num_tiles == 1
+    def __init__(self, ids: np.ndarray):
+        self.ids = ids  # shape tiles + (rep,)
+        self.tiles: tuple[int, ...] = tuple(int(n) for n in ids.shape[:-1])
+        self.rep = int(ids.shape[-1])
+        self.num_tiles = math.prod(self.tiles)
+        self.partial = self.rep > 1 and self.num_tiles > 1  # XLA's ReplicateOnLastTileDim
+        self.replicated = self.num_tiles == 1
+        self._sorted: np.ndarray | None = None
 
     def dims(self) -> tuple[int, ...]:  # tile_assignment().dimensions()
         return self.tiles + ((self.rep,) if self.partial else ())
+
+    def sorted_ids(self) -> np.ndarray:
+        if self._sorted is None:
+            self._sorted = np.sort(self.ids, axis=-1) if self.rep > 1 else self.ids
+        return self._sorted
 
     def same(self, other: Tiling) -> bool:
         """Equal shardings: the same devices hold each tile (a tile's replicas in any order:
@@ -72,7 +65,7 @@ class Tiling:
             return True
         if self.ids.shape != other.ids.shape:
             return False
-        return bool((np.sort(self.ids, axis=-1) == np.sort(other.ids, axis=-1)).all())
+        return bool(np.array_equal(self.sorted_ids(), other.sorted_ids()))
 
 
 def from_layout(layout, mesh: dict[str, int]) -> Tiling:
@@ -108,10 +101,10 @@ class _Run:
         return math.prod(self.shape) // math.prod(tiles)
 
     def permute(self, src: Tiling, dst: Tiling, devmap) -> Step:
-        pairs = {devmap[int(a)]: devmap[int(b)]
-                 for a, b in zip(src.ids.reshape(-1), dst.ids.reshape(-1), strict=True)}  # fmt: skip
-        moved = tuple(sorted({d for p in pairs.items() if p[0] != p[1] for d in p}))
-        return ("collective-permute", moved, self.elements(src.tiles))
+        dm = np.asarray(devmap)
+        a, b = dm[src.ids.reshape(-1)], dm[dst.ids.reshape(-1)]
+        moved = np.union1d(a[a != b], b[a != b])
+        return ("collective-permute", tuple(int(d) for d in moved), self.elements(src.tiles))
 
     @staticmethod
     def group_along(t: Tiling, dims, devmap) -> tuple[int, ...]:
@@ -442,15 +435,12 @@ def _all_to_all_sharding(src: Tiling, pairs) -> Tiling:
 def _subtiling(target: Tiling, partial: Tiling) -> bool:
     """``IsSubTilingOrEqualSharding``: every device's tile of ``target`` lies inside its tile
     of ``partial``."""
-    where: dict[int, tuple] = {}
-    for idx in np.ndindex(*partial.ids.shape):
-        where[int(partial.ids[idx])] = idx[:-1]
-    for idx in np.ndindex(*target.ids.shape):
-        p = where[int(target.ids[idx])]
-        for k, (a, b) in enumerate(zip(idx[:-1], p, strict=True)):
-            if a // (target.tiles[k] // partial.tiles[k]) != b:
-                return False
-    return True
+    rank = len(partial.tiles)
+    where = np.empty((partial.ids.size, rank), dtype=np.int64)  # device -> its partial tile
+    where[partial.ids.reshape(-1)] = np.indices(partial.ids.shape).reshape(rank + 1, -1)[:-1].T
+    idx = np.indices(target.ids.shape).reshape(rank + 1, -1)[:-1].T  # target tile per entry
+    ratio = np.array([t // p for t, p in zip(target.tiles, partial.tiles, strict=True)])
+    return bool((idx // ratio == where[target.ids.reshape(-1)]).all())
 
 
 def _compatible(partial: Tiling, target: Tiling) -> Tiling | None:
@@ -596,15 +586,22 @@ def xla_reshard(mesh: tuple, shape: tuple, src, dst) -> tuple[tuple, bool]:
     run = _Run(tuple(shape))
     steps, _ = run.reshard(a, b, list(range(n)))
     names = list(m)
-    coords = np.array(np.unravel_index(np.arange(n), tuple(m.values()) or (1,))).T
+    coords = _coords(tuple(m.values()))
     out = []
     for kind, group, elements in steps:
         if len(group) < 2:
             continue
         c = coords[list(group)]
-        axes = tuple(names[k] for k in range(len(names)) if len(set(c[:, k])) > 1)
+        axes = tuple(names[k] for k in range(len(names)) if (c[:, k] != c[0, k]).any())
         out.append((kind, axes, math.prod(shape) // elements))
     return tuple(out), run.whole
+
+
+@functools.lru_cache(maxsize=64)
+def _coords(sizes: tuple[int, ...]) -> np.ndarray:
+    """Each device's coordinates on a mesh of ``sizes`` (row-major)."""
+    n = math.prod(sizes)
+    return np.array(np.unravel_index(np.arange(n), sizes or (1,))).T
 
 
 @functools.lru_cache(maxsize=4096)

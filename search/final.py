@@ -8,15 +8,15 @@ from __future__ import annotations
 import math
 import time
 
-from autolayout.core import Graph, Hardware, RuleError, base_name
-from autolayout.cost_models import RuleSet, plan_from_costs, price
+from autolayout.core import Graph, Hardware, MeshError, RuleError, base_name
+from autolayout.cost_models import RuleSet, place_mesh, plan_from_costs, price
 
 from .baselines import batch_dim, seq_dims, spatial_dims
 from .bound import lp_bound
 from .clock import clock
 from .interrupt import interrupted
 from .liveness import memory_peak
-from .request import Request
+from .request import Request, build
 from .seeds import Candidate, ShapeResult
 from .structure import Structure
 
@@ -253,6 +253,16 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
             exceptions = []
             if faster or simpler or mem > limit:
                 status = "FEASIBLE"
+    merged = None
+    if not win.named and status != "INFEASIBLE":  # axes that split only together: one axis
+        joint = _joint_axes(mesh, layouts, rules, assigns if source == "search" else None)
+        if joint:
+            merged = _merge(g, hw, st, mesh, joint, layouts, assigns, rules, priced,
+                            source == "search")  # fmt: skip
+    if merged is not None:
+        mesh, layouts, rules, priced, _ = merged
+        if source == "search":
+            rules, exceptions = derive_rules(g, mesh, layouts)
     tried = []
     for r in results:
         row = {"mesh": {names.get(a, a) if r is win else a: n for a, n in r.mesh.items()},
@@ -268,7 +278,8 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         tried.append(row)
     solver_source = source
     # no bound after a Ctrl-C: it prices every strategy of every node (an answer is due)
-    bound, bound_s, bound_kind = (None, 0.0, "") if interrupted() else _bound(win)
+    on = win if merged is None else _shape_result(results, mesh, st, hw)
+    bound, bound_s, bound_kind = (None, 0.0, "") if interrupted() else _bound(on)
     priced["predicted"]["memory_limit_bytes"] = limit
     priced["predicted"]["fits"] = priced["predicted"]["memory_bytes_per_device"] <= limit
     solver = {
@@ -288,6 +299,8 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     }
     if win.least_memory is not None:
         solver["least_memory_bytes"] = win.least_memory
+    if merged is not None:  # the plan on the mesh shape of the merged axes
+        solver["merged_axes"] = {a: list(axes) for a, axes in merged[4].items() if len(axes) > 1}
     if bound is not None:
         step = priced["predicted"]["step_time_s"]
         solver["lower_bound_s"] = bound  # no layout on this mesh is faster (memory aside)
@@ -295,6 +308,70 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         solver["bound_s"] = bound_s
         solver["bound_kind"] = bound_kind
     return plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+
+
+def _joint_axes(mesh: dict[str, int], layouts, rules, assigns) -> tuple[str, str] | None:
+    """Two neighbouring mesh axes ``(a, b)`` that split only together, ``a`` then ``b``, in
+    every tensor's layout, rule and op's split (``assigns``, where given): the plan is one
+    of the mesh with them as one axis (devices are row-major over the mesh, so the same
+    devices in the same order), which an engineer writes (``fsdp=512``, not ``fsdp=32 x
+    fsdp2=16``) and whose smaller request the bounds can solve. ``None`` where none do."""
+    names = list(mesh)
+    entries = [axes for lay in layouts.values() for axes in lay]
+    entries += [axes for _, axes in rules]
+    if assigns is not None:
+        entries += [axes for a in assigns.values() for axes in a]
+    for a, b in zip(names, names[1:], strict=False):
+        if all((a in axes) == (b in axes) and (a not in axes or axes[axes.index(a) + 1 :][:1] == (b,))
+               for axes in map(tuple, entries)):  # fmt: skip
+            return a, b
+    return None
+
+
+def _merge(g, hw, st, mesh, joint, layouts, assigns, rules, priced, searched):
+    """The plan with ``joint`` axes made one (again while two more split only together),
+    priced again: ``(mesh, layouts, rules, priced, raw mesh)`` where it costs what it did
+    (the cost model sees the same devices in the same order), else ``None``. The raw mesh:
+    the shape with generic names (``a``, ``b``, ...), each merged axis's parts."""
+    parts = {a: (a,) for a in mesh}
+    m, lays, rs, asg = dict(mesh), layouts, list(rules), assigns
+    while joint is not None:
+        a, b = joint
+
+        def one(axes: tuple, a=a, b=b) -> tuple:
+            return tuple(x for x in axes if x != b)
+
+        m = {k: v * (m[b] if k == a else 1) for k, v in m.items() if k != b}
+        parts[a] = parts[a] + parts.pop(b)
+        lays = {t: tuple(one(axes) for axes in lay) for t, lay in lays.items()}
+        rs = [(d, one(tuple(axes))) for d, axes in rs]
+        if asg is not None:
+            asg = {op: tuple(one(axes) for axes in x) for op, x in asg.items()}
+        joint = _joint_axes(m, lays, rs, asg if searched else None)
+    try:
+        place_mesh(hw, m)
+    except MeshError:
+        return None
+    if searched:
+        again = price(g, hw, m, lays, asg, donated=st.donated)
+    else:
+        _, rs, lays, again = _rules_exactly(g, hw, m, rs, st)
+    before, after = priced["predicted"], again["predicted"]
+    if after["step_time_s"] > before["step_time_s"] * (1 + 1e-6) or (
+        after["memory_bytes_per_device"] > before["memory_bytes_per_device"] * (1 + 1e-6)
+    ):
+        return None
+    return m, lays, rs, again, parts
+
+
+def _shape_result(results, mesh: dict[str, int], st: Structure, hw: Hardware) -> ShapeResult:
+    """The search's result for the shape of ``mesh`` (its request, bounds), or a new one
+    with its request built."""
+    raw = dict(zip("abcdefgh", mesh.values(), strict=False))
+    for r in results:
+        if r.request is not None and list(r.mesh.values()) == list(raw.values()):
+            return r
+    return ShapeResult(raw, None, "SKIPPED", 0.0, request=build(st, hw, raw))
 
 
 BOUND_NODES = 5000  # decisions up to which the per-op bound is priced (0.1 s at 332 nodes)

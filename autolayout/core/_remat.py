@@ -48,7 +48,7 @@ from jax._src.lax.control_flow import optimization_barrier_p
 from ._builder import in_host_memory
 from ._errors import WorkloadError
 from ._report import _NUMBERED, _layer_key
-from ._trace import _user_names, closed_parts, gpu_kernels_traceable
+from ._trace import _user_names, closed_parts, step_jaxpr_and_shape
 from ._workload import Workload, parse_name_dims, path_str
 
 _DEBUG = core.DebugInfo("autolayout.remat", "the recomputation of forward values", None, None)
@@ -692,8 +692,7 @@ def remat(
         policy, again, off = parse_remat(policy)
         regather, offload = regather or again, offload or off
     _check_policy(policy)
-    with gpu_kernels_traceable():  # a step written for cuDNN attention traces anywhere
-        closed, out_shape = jax.make_jaxpr(workload.fn, return_shape=True)(*workload.args)
+    closed, out_shape = step_jaxpr_and_shape(workload)  # cuDNN attention traces anywhere
     names = policy_names(policy)
     if names:
         tags = _tags(closed.jaxpr)

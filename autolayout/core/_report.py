@@ -7,6 +7,7 @@ and solver record), so a plan loaded from ``plan.json`` reports like a fresh one
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import math
@@ -435,7 +436,11 @@ def _splits(row: dict[str, Any], mesh) -> list[tuple[str, tuple[str, ...]]]:
 def axes_of_text(text: str, names) -> tuple[str, ...]:
     """``"dataxexpert"`` -> ``("data", "expert")``: mesh axes joined by ``x``, split where
     the pieces are axis names of ``names`` (else at every ``x``)."""
+    return _axes_of_text(text, tuple(names))
 
+
+@functools.lru_cache(maxsize=4096)  # a 96-layer plan's report reads 74k strategies
+def _axes_of_text(text: str, names: tuple[str, ...]) -> tuple[str, ...]:
     longest = sorted(names, key=len, reverse=True)
 
     def split(i: int) -> tuple[str, ...] | None:
