@@ -95,9 +95,9 @@ def test_the_lp_bound_gives_up_past_its_work():
 
 
 def test_a_shape_whose_lp_bound_is_within_the_gap_is_not_searched():
-    """The README's MLP on tpu-v5e-8: one axis of 8 and 4 x 2 are ruled out by their LP
-    bounds (every op at its cheapest split would rule out neither: 4 x 2 was only seeded,
-    not among the best three), each within the gap of the plan at most."""
+    """The README's MLP on tpu-v5e-8: the one axis of 8 is ruled out by its LP bound (every
+    op at its cheapest split would not rule it out), within the gap of the plan at most.
+    (Before the open 2 x 4 torus was priced as open, 4 x 2 was ruled out too.)"""
     from test_gap import _mlp
 
     wl = _mlp()
@@ -109,7 +109,7 @@ def test_a_shape_whose_lp_bound_is_within_the_gap_is_not_searched():
                         barriers=hw.efficiency.remat_barriers)  # fmt: skip
     step, gap = p.predicted["step_time_s"], p.solver["gap_limit"]
     pruned = [r for r in p.solver["mesh_shapes_tried"] if r["status"] == "PRUNED"]
-    assert len(pruned) >= 2, p.solver["mesh_shapes_tried"]
+    assert len(pruned) >= 1, p.solver["mesh_shapes_tried"]
     for r in pruned:
         assert r["lower_bound_s"] * (1 + gap) >= step
         per_op = rq.build(st, hw, r["mesh"]).lower_bound()
