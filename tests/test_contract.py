@@ -208,6 +208,33 @@ def test_a_stateful_step_refuses_accumulation_and_a_bare_loss_in_one_line():
         al.trace(wl)
 
 
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_make_batch_that_raises_is_named_in_one_line_with_its_contract(stateful):
+    """A stranger wrote ``make_batch(step, seed)``; ``autolayout run`` called it with a numpy
+    Generator and printed "an unexpected failure". It names the function and what it takes."""
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+    def make_batch(step, seed=0):
+        return {"x": np.full(4, step + 1000 * seed, np.float32)}
+
+    if stateful:
+
+        def loss(params, state, batch):
+            return jnp.sum(params["w"] * batch["x"]), state
+
+        wl = al.train_workload(loss, optax.sgd(0.1), {"w": spec}, {"x": spec}, make_batch,
+                               state={"s": spec})  # fmt: skip
+    else:
+        wl = al.train_workload(lambda p, b: jnp.sum(p["w"] * b["x"]), optax.sgd(0.1),
+                               {"w": spec}, {"x": spec}, make_batch)  # fmt: skip
+    for call in (lambda: wl.batches(0), lambda: wl.init(0)):
+        with pytest.raises(al.WorkloadError) as e:
+            call()
+        text = str(e.value)
+        assert "make_batch(rng) raised TypeError" in text and "numpy Generator" in text, text
+        assert "\n" not in text
+
+
 def _linen_cudnn() -> al.Workload:
     import flax.linen as nn
 

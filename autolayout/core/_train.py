@@ -95,14 +95,14 @@ def train_workload(
     def init(seed: int = 0):  # real arguments, on the host
         rng = np.random.default_rng(seed)
         real = host_params(rng)
-        return real, optimizer.init(real), _checked(make_batch(rng), batch)
+        return real, optimizer.init(real), _made(make_batch, rng, batch)
 
     def init_state(key):  # the donated arguments, jittable
         real = init_params(key)
         return real, optimizer.init(real)
 
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
-        return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
+        return (_made(make_batch, np.random.default_rng([seed, step]), batch),)
 
     makers = (init, init_state, batches)
     return _built(train_step, (params, opt_state, batch), (0, 1), name, loss_fn, makers, options)
@@ -171,7 +171,7 @@ def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name,
     def init(seed: int = 0):  # real arguments, on the host
         rng = np.random.default_rng(seed)
         real = host_params(rng)
-        return real, optimizer.init(real), host_extra(rng), _checked(make_batch(rng), batch)
+        return real, optimizer.init(real), host_extra(rng), _made(make_batch, rng, batch)
 
     def init_state(key):  # the donated arguments, jittable
         k1, k2 = jax.random.split(key)
@@ -179,7 +179,7 @@ def _stateful(loss_fn, optimizer, params, state, batch, make_batch, inits, name,
         return real, optimizer.init(real), init_extra(k2)
 
     def batches(step: int, seed: int = 0):  # the other arguments of step `step`, on the host
-        return (_checked(make_batch(np.random.default_rng([seed, step])), batch),)
+        return (_made(make_batch, np.random.default_rng([seed, step]), batch),)
 
     makers, args = (init, init_state, batches), (params, opt_state, state, batch)
     return _built(train_step, args, (0, 1, 2), name, loss_fn, makers, options)
@@ -327,6 +327,20 @@ def accumulation_for_plan(plan: Any, workload: Workload) -> Workload:
     tag = opts.get("remat_policy")
     inner = functools.partial(remat_workload, policy=tag) if tag and tag != "as_written" else None
     return accumulate(workload, k, remat=inner)
+
+
+def _made(make_batch: Callable, rng: np.random.Generator, specs: Any) -> Any:
+    """``make_batch(rng)``, checked against the batch specs; a one-line error naming the
+    contract where it raises (a stranger's ``make_batch(step, seed)`` met a Generator)."""
+    try:
+        made = make_batch(rng)
+    except Exception as e:
+        name = getattr(make_batch, "__name__", "make_batch")
+        raise WorkloadError(
+            f"train_workload: {name}(rng) raised {type(e).__name__}: {e}; make_batch takes one "
+            "numpy Generator and returns one batch of host arrays"
+        ) from e
+    return _checked(made, specs)
 
 
 def _checked(made: Any, specs: Any) -> Any:
