@@ -254,7 +254,8 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
             if faster or simpler or mem > limit:
                 status = "FEASIBLE"
     merged = None
-    if not win.named and status != "INFEASIBLE":  # axes that split only together: one axis
+    # axes that split only together: one axis (not after a Ctrl-C: it prices the plan again)
+    if not win.named and status != "INFEASIBLE" and not interrupted():
         joint = _joint_axes(mesh, layouts, rules, assigns if source == "search" else None)
         if joint:
             merged = _merge(g, hw, st, mesh, joint, layouts, assigns, rules, priced,
@@ -330,9 +331,9 @@ def _joint_axes(mesh: dict[str, int], layouts, rules, assigns) -> tuple[str, str
 
 def _merge(g, hw, st, mesh, joint, layouts, assigns, rules, priced, searched):
     """The plan with ``joint`` axes made one (again while two more split only together),
-    priced again: ``(mesh, layouts, rules, priced, raw mesh)`` where it costs what it did
-    (the cost model sees the same devices in the same order), else ``None``. The raw mesh:
-    the shape with generic names (``a``, ``b``, ...), each merged axis's parts."""
+    priced again: ``(mesh, layouts, rules, priced, parts)`` where it costs what it did
+    (``tests/test_collective_groups.py``: a group of axes costs what its one axis costs),
+    else ``None``; ``parts``: each axis of the new mesh, the axes of the old it stands for."""
     parts = {a: (a,) for a in mesh}
     m, lays, rs, asg = dict(mesh), layouts, list(rules), assigns
     while joint is not None:
