@@ -47,7 +47,6 @@ class LPBound:
     rows: int
     variables: int
     wall_s: float
-    choice: list[int] | None = None  # per node, its strategy of the largest LP weight
 
 
 class _Rows:
@@ -197,6 +196,4 @@ def lp_bound(req: Request, work_s: float) -> LPBound | None:
     top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
     value = float(b_ub @ y_ub + b_eq @ y_eq + np.minimum(reduced[:t_var], 0.0).sum())
     value += min(0.0, float(reduced[t_var])) * top + (1.0 - o) * (fixed_c + fixed_m)
-    choice = [cand[n][0] if ids is None else max(ids, key=lambda s: res.x[ids[s]])
-              for n, ids in enumerate(var)]  # fmt: skip
-    return LPBound(value * scale, iterations, nrows, nv, time.perf_counter() - t0, choice)
+    return LPBound(value * scale, iterations, nrows, nv, time.perf_counter() - t0)

@@ -41,14 +41,12 @@ def test_axes_apart_anywhere_are_not_merged(lays, rules, assigns):
 
 
 # the examples' plans on cpu-8 (deterministic: what the work budget finds, on any machine)
-MODELS = [("mlp", {}), ("gpt", {}), ("my_transformer", {}), ("stranger_lm", {}),
-          ("moe", {}), ("t5", {})]  # fmt: skip
+MODELS = ["mlp", "gpt", "my_transformer", "stranger_lm", "moe", "t5"]
 
 
-@pytest.fixture(scope="module", params=MODELS, ids=[m for m, _ in MODELS])
+@pytest.fixture(scope="module", params=MODELS)
 def planned(request):
-    name, options = request.param
-    wl = load_model(name, **options)
+    wl = load_model(request.param)
     return wl, al.plan(wl, "cpu-8", time_limit_s=10, deterministic=True)
 
 
