@@ -199,7 +199,13 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, gap, kw) -> Pla
     if (why := target_mismatch(workload, hw.kind)) is not None:
         warnings.warn(why, stacklevel=4)  # past _call, plan and its interruptible wrapper
     start = time.perf_counter() if started_at is None else started_at
-    with using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack(), gap=gap)) as c:
+    # the collector off for the whole call (not each phase): after a phase, each collection
+    # walked every graph, request and table it kept; GPT-3 175B at 96 layers, remat=auto:
+    # 20.9-22.0 s with it, 16.9-18.6 s without, the same peak memory (0.63 GiB)
+    with (
+        gc_paused(),
+        using(Clock(deterministic, wall_end=start + time_limit_s * wall_slack(), gap=gap)) as c,
+    ):
         budget = (
             WORK_SHARE * time_limit_s
             if deterministic
