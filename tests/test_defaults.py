@@ -3,6 +3,7 @@
 one plan; before, ``al.plan`` planned the step as written and answered INFEASIBLE where the
 command line chose a remat policy (HF Flax Llama-2-7B on tpu-v4-256 and h100-64)."""
 
+import gc
 import inspect
 import json
 
@@ -37,6 +38,8 @@ def test_a_model_that_needs_remat_gets_one_plan_from_the_api_and_the_command_lin
               extra=("--memory-limit", str(NEEDS_REMAT_GIB)))  # fmt: skip
     wl = al.load_workload(MODELS / "gpt.py", size="tiny", target="cpu-8")
     p = al.plan(wl, "cpu-8", time_limit_s=20, memory_limit=NEEDS_REMAT_GIB * 2**30)
+    # the call pauses the collector (search/planner.py::_call) and gives it back
+    assert gc.isenabled()
     api = tmp_path / "api.json"
     p.to_json(api)
     a, c = _plan_file(api), _plan_file(cli)
