@@ -1,6 +1,8 @@
 """Dims named from the program's structure (issue 35 item 3): every unrolled layer shares its
 dims, and no dim is named by an op id or a layer index, over the example, library and corpus
-models at their tiny sizes. What still is, each model listed with why (xfail, strict)."""
+models at their tiny sizes, nor a dim every instance of a repeated module shares by one
+instance's automatic name (``MixerBlock_0``). What still is, each model listed with why
+(xfail, strict)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,33 @@ def _needs(rel: str) -> None:
             pytest.skip(f"{lib} is not installed (pip install -e '.[libraries]')")
 
 
+_INSTANCE = re.compile(r"(.+?)_(\d+)")  # a module instance's automatic name: Dense_0
+
+
+def instance_named(g: al.Graph) -> list[str]:
+    """Dims named after one instance ``X_k`` of a repeated module (Flax's and Keras's
+    automatic names: ``MixerBlock_0``, ``batch_normalization_74``) whose weights in other
+    instances ``X_j`` carry it too: a dim every block shares, named by one block."""
+    carriers: dict[str, set[str]] = {}
+    for t in g.inputs:
+        tt = g.tensors[t]
+        for d in tt.dims:
+            if d:
+                carriers.setdefault(d, set()).add(tt.path or "")
+    out = set()
+    for d, paths in carriers.items():
+        parts = {p: [c for c in re.split(r"[/.\[\]]", p) if c] for p in paths}
+        for cs in parts.values():
+            for c in cs:
+                m = _INSTANCE.fullmatch(c)
+                if m and re.search(rf"(?<![A-Za-z0-9]){re.escape(c)}(?![0-9])", d) and any(
+                    (m2 := _INSTANCE.fullmatch(c2)) and m2[1] == m[1] and c2 != c
+                    for q in parts.values() for c2 in q
+                ):  # fmt: skip
+                    out.add(d)
+    return sorted(out)
+
+
 def bad_names(g: al.Graph) -> list[str]:
     """Dims named by an op id, a weight's axis index or a layer copy: ``X#k`` is a further
     dim of a family only where ``X`` is a dim of the same family (``seq#2``: the keys)."""
@@ -63,6 +92,8 @@ def test_no_dim_named_by_an_op_id_or_a_layer_index(rel):
     _needs(rel)
     g = al.trace(al.load_workload(MODELS / rel))
     assert bad_names(g) == [], f"{rel}: {list(g.dims)}"
+    # the corpus's linen Mixer's blocks shared MixerBlock_0_Dense_0 (by block 0's weight)
+    assert instance_named(g) == [], f"{rel}: {list(g.dims)}"
 
 
 def test_the_list_of_exceptions_names_only_models_that_exist():

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ._builder import _Builder
 from ._dim_rules import reshape_groups
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
-from ._roles import copy_groups, path_names, program, resized_name, role_names
+from ._roles import copy_groups, instance_free, path_names, program, resized_name, role_names
 
 WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
 
@@ -260,13 +260,15 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
 
     sized: set[str] = set()  # names taken at several sizes
 
-    def sized_claim(r: int, names: list[str]) -> bool:
+    def sized_claim(r: int, names: list[str], only_free: bool = False) -> bool:
         """Names ``r`` the first of ``names`` that another dim has at another size, with
         ``r``'s size (Mesh-TF: a dim is a name and a size): ``kernel_height(3)`` beside a
-        7x7 stem's, ``convolution(512)`` beside another stage's ``convolution``."""
+        7x7 stem's, ``convolution(512)`` beside another stage's ``convolution``;
+        ``only_free``: where that sized name is free (not ``#k`` of another family's)."""
         for n in names:
             q = taken.get(n)
-            if q is not None and sizes[q] != sizes[r]:
+            if (q is not None and sizes[q] != sizes[r]
+                    and (not only_free or free(sized_name(n, sizes[r]), r))):  # fmt: skip
                 claim(r, sized_name(n, sizes[r]), True)  # (``#k`` where another family has it)
                 sized.add(n)
                 return True
@@ -289,19 +291,30 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
             sized_claim(r, [n])
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False)  # from the user's and the roles' names
+    plain = instance_free([b.paths[t] for t in inputs])  # MixerBlock_0/Dense_0 -> MixerBlock/..
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
         axes = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
         axes = [(a, r) for a, r in axes if r >= 0 and r not in label]
-        names = path_names(b.paths[t] or "")
+        names = path_names(plain.get(b.paths[t] or "", ""))
+        # the instance's own (batch_normalization_74_beta) where the plain name, and that at
+        # its size, are another family's
+        own = [n for n in path_names(b.paths[t] or "") if n not in names]
         for k, (a, r) in enumerate(reversed(axes)):
             if r not in label:  # one name and size of every weight is one dim; the weight's
                 # module's where another family has it (BatchNorm's beta of two widths)
-                tries = [n if k == 0 else f"{n}_in" if k == 1 else f"{n}_ax{a}" for n in names]
+                tries, mine = (
+                    [n if k == 0 else f"{n}_in" if k == 1 else f"{n}_ax{a}" for n in ns]
+                    for ns in (names, own)
+                )
                 got = next((n for n in tries if free(n, r)), None)
                 if got is not None:
                     claim(r, got, True)
-                elif not sized_claim(r, tries):
+                elif sized_claim(r, tries, only_free=True):
+                    pass
+                elif (got := next((n for n in mine if free(n, r)), None)) is not None:
+                    claim(r, got, True)
+                elif not sized_claim(r, tries + mine):
                     claim(r, tries[0], True)
     _grow(b, pg, root, label, claim, origin, True)
     for n in sized:  # the name's other dims named with their sizes too (``n``, ``n#2``)

@@ -582,6 +582,35 @@ def resized_name(name: str, n: int, m: int) -> str:
     return f"{name}+{m - n}" if m > n else f"{name}_table"
 
 
+_INSTANCE = re.compile(r"(.+?)_(\d+)")  # a module instance's automatic name: Dense_0
+_PARTS = re.compile(r"[/.\[\]]")
+
+
+def instance_free(paths) -> dict[str, str]:
+    """Each path with the index of a repeated module's instance dropped: a component
+    ``X_k`` (Flax's and Keras's automatic names, ``MixerBlock_0``, ``batch_normalization_100``)
+    where the paths hold ``X_j`` of another ``j`` with the same components around it. A dim
+    every block of a stack shares was named by block 0's weight (``MixerBlock_0_Dense_0``):
+    now ``MixerBlock_Dense_0``; a name shared at several sizes reads ``beta(256)``."""
+    split = {p: [c for c in _PARTS.split(p) if c] for p in paths if p}
+    seen: dict[tuple, set[str]] = {}
+    for cs in split.values():
+        for i, c in enumerate(cs):
+            m = _INSTANCE.fullmatch(c)
+            if m:
+                key = (tuple(cs[:i]), m[1], tuple(cs[i + 1 :]))
+                seen.setdefault(key, set()).add(m[2])
+    out = {}
+    for p, cs in split.items():
+        kept = []
+        for i, c in enumerate(cs):
+            m = _INSTANCE.fullmatch(c)
+            many = m is not None and len(seen[(tuple(cs[:i]), m[1], tuple(cs[i + 1 :]))]) > 1
+            kept.append(m[1] if many else c)
+        out[p] = "/".join(kept)
+    return out
+
+
 def path_name(path: str) -> str:
     """A weight's path without its argument, layer indices and generic leaf names:
     ``params/model/layers/17/mlp/down_proj/kernel`` -> ``down_proj``."""
