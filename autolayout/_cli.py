@@ -949,10 +949,42 @@ def _process_age() -> float:
         return 0.0
 
 
+class _ReaderMayLeave:
+    """The command's stdout, where a reader that leaves (``autolayout plan ... | head``) no
+    longer ends the command: what it prints after goes to /dev/null, and it finishes (its
+    ``--out`` file written, its exit status its own). A BrokenPipeError had ended it with
+    status 0 and no plan file."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _left(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)  # the fd too: the interpreter's flush at exit
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._left()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def entry() -> None:
     """The `autolayout` command: :func:`main`, its time limits counted from the process's
-    start."""
+    start, its stdout one a reader may leave."""
     _AS_COMMAND[0] = True
+    sys.stdout = _ReaderMayLeave(sys.stdout)
     main()
 
 

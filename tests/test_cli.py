@@ -250,3 +250,24 @@ def test_a_users_mesh_keeps_its_names_and_rules_read_once_per_dim(tmp_path):
     rules = re.findall(r"^  (\S+) -> ", re.split(r"\n(?=\S)", block, maxsplit=1)[0], re.M)
     folded = [re.sub(r"/\d+/", "/*/", d) for d in rules]
     assert rules and len(set(folded)) == len(folded), rules  # one line per dim, not per copy
+
+
+def test_a_reader_that_left_does_not_cost_the_plan_file(tmp_path):
+    """``autolayout plan ... --out p.json | head``: the reader gone before the first line
+    (a pipe whose reading end is closed), the command still writes its plan file and exits
+    with its own status, quietly. It had stopped at the first line with status 0 and no
+    file (a BrokenPipeError caught as "the reader left")."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.json"
+    read, write = os.pipe()
+    os.close(read)
+    cmd = [sys.executable, "-m", "autolayout._cli", "plan", str(MODELS / "mlp.py"), "--hw",
+           "cpu-8", "--time-limit", "5", "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    os.close(write)
+    assert r.returncode == 0, r.stderr
+    assert out.exists()
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
