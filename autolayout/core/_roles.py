@@ -25,8 +25,9 @@ from the program's structure alone (no library is special-cased):
   one weight's layer copies.
 * ``layers``: a scanned stack's leading axis, or an example-free axis the unrolled layers
   read a row each of; ``kernel_height``/``kernel_width``: a conv weight's window.
-* otherwise a weight's path without its layer index and generic leaf names (``down_proj``
-  for ``params/model/layers/17/mlp/down_proj/kernel``), and what ``_naming`` derives from
+* otherwise a weight's path without its layer index, a repeated module's instance index
+  (:func:`instance_free`) and generic leaf names (``down_proj`` for
+  ``params/model/layers/17/mlp/down_proj/kernel``), and what ``_naming`` derives from
   named dims (a piece, a merge, a split)."""
 
 from __future__ import annotations
@@ -591,7 +592,8 @@ def instance_free(paths) -> dict[str, str]:
     ``X_k`` (Flax's and Keras's automatic names, ``MixerBlock_0``, ``batch_normalization_100``)
     where the paths hold ``X_j`` of another ``j`` with the same components around it. A dim
     every block of a stack shares was named by block 0's weight (``MixerBlock_0_Dense_0``):
-    now ``MixerBlock_Dense_0``; a name shared at several sizes reads ``beta(256)``."""
+    now ``MixerBlock_Dense`` (each block's ``Dense_0`` ... ``Dense_3`` repeat too); a name
+    shared at several sizes reads ``beta(256)``."""
     split = {p: [c for c in _PARTS.split(p) if c] for p in paths if p}
     seen: dict[tuple, set[str]] = {}
     for cs in split.values():
