@@ -338,6 +338,21 @@ def _echo(line: str = "", err: bool = False) -> None:
         click.echo(x, err=err)
 
 
+def _collector_paused(command):
+    """A command that builds a step's graph, prices or searches it and writes its plan, with
+    Python's collector off to its end: each collection walked every graph, request and table
+    kept (GPT-3 175B at 96 layers: 4 s of 21; the plan file's 100k lists 2.1 s with it, 1.0
+    without). Run as the ``autolayout`` command, whose process ends next, what it made is
+    frozen, not collected; in-process callers (tests') collect as usual."""
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs) -> None:
+        with gc_paused(collect=not _AS_COMMAND[0]):
+            command(*args, **kwargs)
+
+    return run_command
+
+
 @main.command("evaluate")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--hw", "hw_name", required=True, help=_HW_HELP)
@@ -355,6 +370,7 @@ def _echo(line: str = "", err: bool = False) -> None:
 )
 @_set_option
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
+@_collector_paused
 def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets, out) -> None:
     """Price one layout of MODEL.py on HW: given rules on a given mesh, or a standard layout."""
 
@@ -377,11 +393,6 @@ def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets
 
 
 def _print_plan(plan, out: str | None) -> None:
-    with gc_paused():  # the plan file's 100k lists: 2.1 s with the collector, 1.0 without
-        _print_plan_unpaused(plan, out)
-
-
-def _print_plan_unpaused(plan, out: str | None) -> None:
     for line in _summary_lines(plan):
         click.echo(line)
     top = plan.report().assign(t=lambda r: (r.compute_s + r.comm_s) * r.trips)
@@ -558,22 +569,12 @@ def _plan_options(f):
                    "(0.02: 2%; 0: proven exactly, where the search can prove it).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the plan file here.")
 @_stoppable
+@_collector_paused
 def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
              deterministic, remat, pipeline, stages, microbatches, schedule, gap, out) -> None:  # fmt: skip
     """Choose the layout and the mesh shape of MODEL.py on HW (least predicted step time).
     The first Ctrl-C (or SIGTERM) ends the search with the best plan found so far (written
     to --out, exit status 130 or 143); a second stops at once."""
-    # the collector off to the end: each collection walked the graphs, requests and tables
-    # the search kept (GPT-3 175B at 96 layers: 4 s of 21); the command's process ends next
-    # (in-process callers, tests', collect as usual)
-    with gc_paused(collect=not _AS_COMMAND[0]):
-        _plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit,
-                  objective, deterministic, remat, pipeline, stages, microbatches, schedule,
-                  gap, out)  # fmt: skip
-
-
-def _plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_limit, objective,
-              deterministic, remat, pipeline, stages, microbatches, schedule, gap, out) -> None:  # fmt: skip
     # the time limit counts from here (loading the model too), or from the process's start
     # where this is the `autolayout` command (Python's imports too)
     started = time.perf_counter() - (_process_age() if _AS_COMMAND[0] else 0.0)

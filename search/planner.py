@@ -180,9 +180,9 @@ def plan(
         return _auto_remat(workload, hw, graph, kw)
     if remat != AS_WRITTEN:
         return plan(remat_workload(workload, *parse_remat(remat)), hw, remat=AS_WRITTEN, **kw)
-    with gc_paused():
-        p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress,
-                  prune, full_limit, refine_shapes, objective)  # fmt: skip
+    # (the collector is paused for the whole call: _call)
+    p = _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress, prune,
+              full_limit, refine_shapes, objective)  # fmt: skip
     clock().mark("final")  # pricing the winner exactly, the report's tables
     _record_remat(p, workload.options.get("remat_policy", "as_written"))
     return p
