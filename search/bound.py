@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from .clock import charge
 from .request import Request
@@ -67,8 +66,10 @@ class _Rows:
         self.v.extend([-1.0] * len(minus))
         self.b.append(rhs)
 
-    def matrix(self, n: int) -> sp.csr_matrix:
-        return sp.csr_matrix((self.v, (self.r, self.c)), shape=(len(self.b), n))
+    def matrix(self, n: int) -> Any:
+        from scipy.sparse import csr_matrix  # heavy: scipy is imported by the first LP (0.3 s)
+
+        return csr_matrix((self.v, (self.r, self.c)), shape=(len(self.b), n))
 
 
 def lp_bound(req: Request, work_s: float) -> LPBound | None:
@@ -184,6 +185,8 @@ def lp_bound(req: Request, work_s: float) -> LPBound | None:
     bounds = np.zeros((nv, 2))
     bounds[:, 1] = 1.0
     bounds[t_var, 1] = np.inf
+    from scipy.optimize import linprog  # heavy: imported by the first LP, as above
+
     res = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds,
                   method="highs-ds", options={"maxiter": cap, "presolve": True})  # fmt: skip
     iterations = int(getattr(res, "nit", 0) or 0)

@@ -47,19 +47,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from .interrupt import interrupted, on_interrupt, restore_handlers
 from .liveness import MemoryRow
 from .request import Request
 
-_STATUS = {
-    cp_model.OPTIMAL: "OPTIMAL",
-    cp_model.FEASIBLE: "FEASIBLE",
-    cp_model.INFEASIBLE: "INFEASIBLE",
-    cp_model.MODEL_INVALID: "MODEL_INVALID",
-    cp_model.UNKNOWN: "UNKNOWN",
-}
+_STATUS = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "MODEL_INVALID", "UNKNOWN")  # cp_model's names
 _K = 1000  # overlap weights in thousandths
 
 
@@ -120,6 +112,10 @@ def solve(
 
     def gave_up() -> Solution:
         return Solution("UNKNOWN", None, None, None, time.perf_counter() - t0, 0, 0, 0.0)
+
+    # OR-Tools takes 0.3 s to import: a command that solves no ILP (validate, run, report, a
+    # 96-layer plan priced by hand layouts) starts without it
+    from ortools.sat.python import cp_model  # heavy: imported by the first solve
 
     model = cp_model.CpModel()
     nodes = req.nodes
@@ -307,7 +303,7 @@ def solve(
     finally:
         restore_handlers()
     dtime = float(solver.response_proto.deterministic_time)
-    status = _STATUS.get(code, "UNKNOWN")
+    status = next((k for k in _STATUS if getattr(cp_model, k) == code), "UNKNOWN")
     proto = model.proto
     nvars, ncons = len(proto.variables), len(proto.constraints)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -408,9 +408,11 @@ def _auto_remat(workload: Workload, hw: Hardware | str, graph: Graph | None, kw:
         first.solver["remat"]["tried"] = in_order
         return _then_accumulate(first, workload, hw, graph, kw, acc_end, written)
     # the chosen step searched with the rest, on the graph its ranking traced; the ranking's
-    # own plan where that search came out slower (or where the wall-clock stop has come)
+    # own plan where that search came out slower, where the wall-clock stop has come, or
+    # where the rest is no more than the ranking had (a search on less budget does no more:
+    # GPT-3 175B's 96 layers at 60 s searched again on none, 2.9 s to price the same plan)
     ranked = chosen = best[2]
-    if not clock().walled:
+    if not clock().walled and end - now() > each:
         chosen = _faster(
             ranked, plan(best[1], hw, graph=ranked.graph, remat=AS_WRITTEN, **dict(kw, time_limit_s=end - now()))
         )  # fmt: skip

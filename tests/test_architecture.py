@@ -5,7 +5,7 @@
 
 no module imports a private name of another folder (a folder offers the others what its
 ``__init__.py`` exports), no import cycles between modules, and no import inside a function
-except of a heavy optional dependency (pandas, matplotlib), said so in a comment."""
+except of a heavy dependency (pandas, matplotlib, OR-Tools, SciPy), said so in a comment."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ ALLOWED = {
     "autolayout.runtime": {"autolayout.core", "autolayout.cost_models", "autolayout.runtime"},
     "autolayout": set(FOLDERS.values()),
 }
-HEAVY = ("pandas", "matplotlib")
+# imported where first used, said so: each takes 0.3 s or more of every command's start
+HEAVY = ("pandas", "matplotlib", "ortools", "scipy")
 
 
 def _modules() -> dict[str, Path]:

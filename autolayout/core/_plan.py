@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,9 +314,7 @@ def dumps(d: dict[str, Any]) -> str:
     """A plan file's text: a top-level field a line; a long section an entry a line, so a
     diff of two plans names the tensors and ops that differ; short ones indented."""
 
-    def compact(v: Any) -> str:
-        return json.dumps(v, default=_jsonable, separators=(", ", ": "))
-
+    compact = _compact()
     parts = []
     for k, v in d.items():
         if isinstance(v, dict) and len(v) > LONG:
@@ -328,6 +327,18 @@ def dumps(d: dict[str, Any]) -> str:
             body = json.dumps(v, indent=1, default=_jsonable).replace("\n", "\n ")
         parts.append(f" {compact(k)}: {body}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _compact() -> Callable[[Any], str]:
+    """One value's JSON text on one line, as ``json.dumps(v, separators=(", ", ": "))``
+    writes it, by json's C encoder made once (``json.dumps`` makes one a call: 0.2 of the
+    0.6 s of a 96-layer plan's 100k entries); ``json.dumps`` where Python has none."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return lambda v: json.dumps(v, default=_jsonable, separators=(", ", ": "))
+    enc = make(None, _jsonable, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+               False, False, True)  # fmt: skip
+    return lambda v: "".join(enc(v, 0))
 
 
 def _jsonable(x: Any) -> Any:
