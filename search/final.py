@@ -144,18 +144,45 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     names = _axis_names(g, r, c.choice)
     mesh = {names[a]: n for a, n in r.mesh.items()}
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
-    step, rules, layouts, priced = _rules_exactly(g, hw, mesh, rules, st)
-    return step, r, name, mesh, rules, layouts, priced, names
+    step, rules, layouts, priced, assigns = _rules_exactly(g, hw, mesh, rules, st, keep=True)
+    return step, r, name, mesh, rules, layouts, priced, names, assigns
 
 
-def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure):
+def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure,
+                   keep: bool = False):  # fmt: skip
     """The search's derived rules applied to every tensor, as ``al.evaluate`` prices them:
-    (step time, rules, layouts, priced)."""
+    (step time, rules, layouts, priced), and with ``keep`` each priced op's split."""
     rs = RuleSet(g, mesh, rules)
     layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
-    priced = price(g, hw, mesh, layouts, lambda op, groups: rs.assign(g, groups),
-                   donated=st.donated)  # fmt: skip
-    return priced["predicted"]["step_time_s"], rs.rules, layouts, priced
+    assigns: dict[str, list] = {}
+
+    def assign(op, groups):
+        a = assigns[op.name] = rs.assign(g, groups)
+        return a
+
+    priced = price(g, hw, mesh, layouts, assign, donated=st.donated)
+    out = priced["predicted"]["step_time_s"], rs.rules, layouts, priced
+    return (*out, assigns) if keep else out
+
+
+def _priced_alike(hand, win: ShapeResult, mesh, layouts, assigns) -> dict | None:
+    """The hand layout's exact price where it is the search's plan's too (``price`` is a
+    function of the mesh, every tensor's layout and every op's split: where the search kept
+    that hand layout's seed, its rules give each the seed's), else ``None``: a 96-layer plan
+    found by hand layouts alone is priced once, not twice (0.4 s)."""
+    if hand is None or hand[1] is not win or list(hand[3].items()) != list(mesh.items()):
+        return None
+    if hand[5] != layouts:
+        return None
+    for op, a in hand[8].items():
+        b = assigns.get(op)
+        if (
+            b is None
+            or len(a) != len(b)
+            or any(tuple(x) != tuple(y) for x, y in zip(a, b, strict=True))
+        ):
+            return None
+    return hand[6]
 
 
 def canonical(req: Request, choice: list[int]) -> list[int]:
@@ -213,11 +240,14 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     for t in g.tensors:
         if t not in layouts:
             layouts[t] = ((),) * len(g.tensors[t].shape)
-    priced = price(g, hw, mesh, layouts, assigns, donated=st.donated)
-    rules, exceptions = derive_rules(g, mesh, layouts)
     hand = None
     if check_hand and status != "INFEASIBLE":
         hand = _hand_exactly(g, hw, results, limit, st)
+    priced = _priced_alike(hand, win, mesh, layouts, assigns)
+    if priced is None:
+        priced = price(g, hw, mesh, layouts, assigns, donated=st.donated)
+    rules, exceptions = derive_rules(g, mesh, layouts)
+    if check_hand and status != "INFEASIBLE":
         if exceptions and rules:  # the search's own rules, every tensor laid out by them
             mine = _rules_exactly(g, hw, mesh, rules, st)
             if hand is None or mine[0] < hand[0]:
@@ -231,7 +261,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         # as fast and leaner: the search kept whole what the hand layout splits for free
         leaner = hand[0] <= searched * (1 + 1e-9) and hand_mem < mem
         if hand_mem <= limit and (faster or simpler or leaner or mem > limit):
-            _, win, name, mesh, rules, layouts, priced, names = hand
+            _, win, name, mesh, rules, layouts, priced, names = hand[:8]
             if name == OWN_RULES:
                 win.best = Candidate(win.best.choice, hand[0], hand_mem, "search rules")
                 what = "the search's rules without their exceptions"
