@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 
 from autolayout.core import InputError, PlanError
 
@@ -66,6 +65,10 @@ class Checkpoints:
         absl.setLevel(logging.ERROR)  # Orbax: INFO per save, WARNING per sync
         if not any(isinstance(f, _QuietBackgroundSave) for f in absl.filters):
             absl.addFilter(_QuietBackgroundSave())
+        # Orbax takes 0.15 s to import: a command that writes no checkpoint starts without it
+        import orbax.checkpoint as ocp  # heavy: imported by the first run that checkpoints
+
+        self._ocp = ocp
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -91,18 +94,18 @@ class Checkpoints:
         Every process calls it at the same step."""
         if step == self.last_saved:
             return
+        a = self._ocp.args
         self._manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
+            args=a.Composite(state=a.StandardSave(state), meta=a.JsonSave(meta)),
             force=True,
         )
         self.last_saved = step
 
     def meta(self, step: int) -> dict[str, Any]:
         """The JSON written beside the state of checkpoint ``step``."""
-        got = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        a = self._ocp.args
+        got = self._manager.restore(step, args=a.Composite(meta=a.JsonRestore()))
         return dict(got["meta"])
 
     def restore(self, step: int, target: Any) -> Any:
@@ -110,9 +113,8 @@ class Checkpoints:
         ``jax.ShapeDtypeStruct`` with shardings: this run's plan, whatever plan saved it).
         A shape or dtype other than the checkpoint's is :class:`PlanError`."""
         try:
-            got = self._manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
-            )
+            a = self._ocp.args
+            got = self._manager.restore(step, args=a.Composite(state=a.StandardRestore(target)))
         except (ValueError, TypeError, KeyError) as e:
             text = " ".join(str(e).split())[:300]
             raise PlanError(

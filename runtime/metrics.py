@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorboardX
 
 from autolayout.core import atomic_write, check_writable
 
@@ -54,6 +53,8 @@ class Metrics:
         self._tb = None
         if tensorboard:
             folder = check_directory(tensorboard, "--tensorboard")
+            import tensorboardX  # heavy: 0.16 s (protobuf), imported where --tensorboard asks
+
             self._tb = tensorboardX.SummaryWriter(str(folder))
         self._fd: int | None = None
 

@@ -30,7 +30,7 @@ ALLOWED = {
     "autolayout": set(FOLDERS.values()),
 }
 # imported where first used, said so: each takes 0.3 s or more of every command's start
-HEAVY = ("pandas", "matplotlib", "ortools", "scipy")
+HEAVY = ("pandas", "matplotlib", "ortools", "scipy", "orbax", "tensorboardX")
 
 
 def _modules() -> dict[str, Path]:
