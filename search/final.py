@@ -144,14 +144,13 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     names = _axis_names(g, r, c.choice)
     mesh = {names[a]: n for a, n in r.mesh.items()}
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
-    step, rules, layouts, priced, assigns = _rules_exactly(g, hw, mesh, rules, st, keep=True)
+    step, rules, layouts, priced, assigns = _rules_exactly(g, hw, mesh, rules, st)
     return step, r, name, mesh, rules, layouts, priced, names, assigns
 
 
-def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure,
-                   keep: bool = False):  # fmt: skip
+def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure):
     """The search's derived rules applied to every tensor, as ``al.evaluate`` prices them:
-    (step time, rules, layouts, priced), and with ``keep`` each priced op's split."""
+    (step time, rules, layouts, priced, each priced op's split)."""
     rs = RuleSet(g, mesh, rules)
     layouts = {t: rs.layout(tt) for t, tt in g.tensors.items()}
     assigns: dict[str, list] = {}
@@ -161,8 +160,7 @@ def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Stru
         return a
 
     priced = price(g, hw, mesh, layouts, assign, donated=st.donated)
-    out = priced["predicted"]["step_time_s"], rs.rules, layouts, priced
-    return (*out, assigns) if keep else out
+    return priced["predicted"]["step_time_s"], rs.rules, layouts, priced, assigns
 
 
 def _priced_alike(hand, win: ShapeResult, mesh, layouts, assigns) -> dict | None:
@@ -176,11 +174,7 @@ def _priced_alike(hand, win: ShapeResult, mesh, layouts, assigns) -> dict | None
         return None
     for op, a in hand[8].items():
         b = assigns.get(op)
-        if (
-            b is None
-            or len(a) != len(b)
-            or any(tuple(x) != tuple(y) for x, y in zip(a, b, strict=True))
-        ):
+        if b is None or list(map(tuple, a)) != list(map(tuple, b)):
             return None
     return hand[6]
 
@@ -247,11 +241,10 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     if priced is None:
         priced = price(g, hw, mesh, layouts, assigns, donated=st.donated)
     rules, exceptions = derive_rules(g, mesh, layouts)
-    if check_hand and status != "INFEASIBLE":
-        if exceptions and rules:  # the search's own rules, every tensor laid out by them
-            mine = _rules_exactly(g, hw, mesh, rules, st)
-            if hand is None or mine[0] < hand[0]:
-                hand = (mine[0], win, OWN_RULES, mesh, mine[1], mine[2], mine[3], names)
+    if check_hand and status != "INFEASIBLE" and exceptions and rules:
+        mine = _rules_exactly(g, hw, mesh, rules, st)  # the search's own rules, on every tensor
+        if hand is None or mine[0] < hand[0]:
+            hand = (mine[0], win, OWN_RULES, mesh, mine[1], mine[2], mine[3], names)
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
@@ -386,7 +379,7 @@ def _merge(g, hw, st, mesh, joint, layouts, assigns, rules, priced, searched):
     if searched:
         again = price(g, hw, m, lays, asg, donated=st.donated)
     else:
-        _, rs, lays, again = _rules_exactly(g, hw, m, rs, st)
+        _, rs, lays, again, _ = _rules_exactly(g, hw, m, rs, st)
     before, after = priced["predicted"], again["predicted"]
     if after["step_time_s"] > before["step_time_s"] * (1 + 1e-6) or (
         after["memory_bytes_per_device"] > before["memory_bytes_per_device"] * (1 + 1e-6)

@@ -51,7 +51,6 @@ from .interrupt import interrupted, on_interrupt, restore_handlers
 from .liveness import MemoryRow
 from .request import Request
 
-_STATUS = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "MODEL_INVALID", "UNKNOWN")  # cp_model's names
 _K = 1000  # overlap weights in thousandths
 
 
@@ -303,7 +302,7 @@ def solve(
     finally:
         restore_handlers()
     dtime = float(solver.response_proto.deterministic_time)
-    status = next((k for k in _STATUS if getattr(cp_model, k) == code), "UNKNOWN")
+    status = solver.status_name(code)  # OPTIMAL | FEASIBLE | INFEASIBLE | MODEL_INVALID | UNKNOWN
     proto = model.proto
     nvars, ncons = len(proto.variables), len(proto.constraints)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -70,7 +70,7 @@ def test_a_layout_on_two_axes_that_split_together_is_the_same_plan_on_one(model,
     st = analyse(g, donated=donated_inputs(wl, g))
     n = hw.num_devices
     mesh = {"a": n // 2, "b": 2}
-    step, rules, layouts, priced = _rules_exactly(g, hw, mesh, [("batch", ("a", "b"))], st)
+    step, rules, layouts, priced, _ = _rules_exactly(g, hw, mesh, [("batch", ("a", "b"))], st)
     joint = _joint_axes(mesh, layouts, rules, None)
     assert joint == ("a", "b"), rules
     got = _merge(g, hw, st, mesh, joint, layouts, None, rules, priced, False)
