@@ -14,8 +14,13 @@ The bound is not the LP's objective as reported but the Lagrangian of its duals,
 ``u``: valid for any multipliers, so a solver's tolerances can only lower it. The step's
 ``T >= C, T >= M`` (overlap) takes ``u`` = every cost summed, which no layout exceeds.
 
-The solve is capped in simplex iterations (deterministic: the same request gives the same
-bound on any machine); past the cap there is no LP bound and the caller keeps the per-op one.
+Up to :data:`LP_PAIRS` strategy pairs the LP is solved exactly by HiGHS's dual simplex, capped
+in iterations; past them (to :data:`FIRST_ORDER_PAIRS`) by PDLP, OR-Tools' first-order
+primal-dual method (one thread), capped in iterations too: its duals are approximate, and the
+Lagrangian makes any of them a valid bound (my_transformer on cpu-8 2x4, 69k pairs: the exact
+LP's 0.4521 s by dual simplex in 36 s; PDLP 0.4490 in 800 iterations, 1.4 s). Caps in
+iterations are deterministic: the same request and work give the same bound on any machine;
+past the cap there is no LP bound (dual simplex) and the caller keeps the per-op one.
 """
 
 from __future__ import annotations
@@ -26,17 +31,23 @@ from typing import Any
 
 import numpy as np
 
-from .clock import charge
+from .clock import charge, now
 from .request import Request
 
-LP_PAIRS = 60_000  # strategy pairs up to which the LP is built (GPT-3 6.7B's 2-D shapes: 51k)
+LP_PAIRS = 60_000  # strategy pairs up to which dual simplex solves it (GPT-3 6.7B's 2-D: 51k)
+# past that, PDLP's to this many (LLaMA-3-8B on h100-64 8x8: 78k; its matrix ~10 nonzeros a pair)
+FIRST_ORDER_PAIRS = 400_000
 # HiGHS's dual simplex, per iteration and row: 9e-9 s (GPT-3 6.7B on a 2-D v4 shape, 57k rows,
 # 1.1k iterations in 0.53 s) to 2.5e-8 s (my_transformer on cpu-8 2x4, 104k rows, 14k
 # iterations in 37 s): the larger charged
 ROW_ITERATION_S = 2.5e-8
-# building it, per variable and row: 5.5e-6 s (my_transformer 1-D, 11k) to 1.1e-5 s (GPT-3
-# 6.7B 2-D, 95k)
-LP_ELEMENT_S = 1.2e-5
+# PDLP, per iteration and nonzero: 2.3e-9 s (my_transformer cpu-8 2x4, 658k nonzeros, 800
+# iterations in 1.2 s) to 2.6e-9 s (LLaMA-3-8B h100-64 8x8, 582k, 2000 in 3.0 s)
+NONZERO_ITERATION_S = 3e-9
+FIRST_ORDER_ITERATIONS = 200  # fewer than this: no bound worth its work (both: below per-op)
+# building it, per variable and row, its nodes' costs priced (charged apart, by the request):
+# 2.5e-6 s (my_transformer cpu-8 1-D, 12k) to 3.2e-6 s (LLaMA-3-8B h100-64 8x8, 148k)
+LP_ELEMENT_S = 4e-6
 
 
 @dataclass
@@ -72,13 +83,14 @@ class _Rows:
         return csr_matrix((self.v, (self.r, self.c)), shape=(len(self.b), n))
 
 
-def lp_bound(req: Request, work_s: float) -> LPBound | None:
+def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | None:
     """The LP relaxation's bound on ``req`` (see the module's docstring), or ``None`` where
-    building and solving it would take more than ``work_s`` reference seconds (charged to
-    the plan's clock) or the solver did not finish."""
-    t0 = time.perf_counter()
+    it has more than ``largest`` strategy pairs, where building and solving it would take
+    more than ``work_s`` reference seconds (charged to the plan's clock) or the solver did
+    not finish."""
+    t0, start = time.perf_counter(), now()
     size = req.size()
-    if size > LP_PAIRS or LP_ELEMENT_S * 2 * size > work_s:
+    if size > min(largest, FIRST_ORDER_PAIRS) or LP_ELEMENT_S * 2 * size > work_s:
         return None
     nodes = req.nodes
     cand = [req.allowed(n) for n in range(len(nodes))]
@@ -177,14 +189,31 @@ def lp_bound(req: Request, work_s: float) -> LPBound | None:
     a_ub, a_eq = rows.matrix(nv), eq.matrix(nv)
     b_ub, b_eq = np.array(rows.b), np.array(eq.b)
     charge(LP_ELEMENT_S * (nv + len(rows.b)))
-    left = work_s - LP_ELEMENT_S * (nv + len(rows.b))
-    nrows = len(rows.b) + len(eq.b)
-    cap = min(int(left / (ROW_ITERATION_S * nrows)), 2**31 - 1)  # HiGHS's ints are 32-bit
-    if cap < 1:
-        return None
+    left = work_s - (now() - start)  # the nodes' costs priced the first time are charged too
     bounds = np.zeros((nv, 2))
     bounds[:, 1] = 1.0
     bounds[t_var, 1] = np.inf
+    solve = _dual_simplex if size <= LP_PAIRS else _first_order
+    duals = solve(cost, a_ub, b_ub, a_eq, b_eq, bounds, left)
+    if duals is None:
+        return None
+    y_ub, y_eq, iterations = duals
+    y_ub = np.minimum(y_ub, 0.0)  # <= rows: multipliers <= 0 (scipy's sign, PDLP's too)
+    reduced = cost - a_ub.T @ y_ub - a_eq.T @ y_eq
+    top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
+    value = float(b_ub @ y_ub + b_eq @ y_eq + np.minimum(reduced[:t_var], 0.0).sum())
+    value += min(0.0, float(reduced[t_var])) * top + (1.0 - o) * (fixed_c + fixed_m)
+    nrows = len(b_ub) + len(b_eq)
+    return LPBound(value * scale, iterations, nrows, nv, time.perf_counter() - t0)
+
+
+def _dual_simplex(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
+    """HiGHS's dual simplex (scipy), capped at what ``work_s`` buys: ``(duals of the <= rows,
+    of the = rows, iterations)``, or ``None`` where it did not finish."""
+    nrows = len(b_ub) + len(b_eq)
+    cap = min(int(work_s / (ROW_ITERATION_S * nrows)), 2**31 - 1)  # HiGHS's ints are 32-bit
+    if cap < 1:
+        return None
     from scipy.optimize import linprog  # heavy: imported by the first LP, as above
 
     res = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds,
@@ -193,10 +222,44 @@ def lp_bound(req: Request, work_s: float) -> LPBound | None:
     charge(ROW_ITERATION_S * nrows * min(cap, max(iterations, 1)))
     if res.status != 0 or res.ineqlin is None or res.ineqlin.marginals is None:
         return None
-    y_ub = np.minimum(res.ineqlin.marginals, 0.0)  # <= rows: multipliers <= 0 in scipy's sign
-    y_eq = res.eqlin.marginals
-    reduced = cost - a_ub.T @ y_ub - a_eq.T @ y_eq
-    top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
-    value = float(b_ub @ y_ub + b_eq @ y_eq + np.minimum(reduced[:t_var], 0.0).sum())
-    value += min(0.0, float(reduced[t_var])) * top + (1.0 - o) * (fixed_c + fixed_m)
-    return LPBound(value * scale, iterations, nrows, nv, time.perf_counter() - t0)
+    return res.ineqlin.marginals, res.eqlin.marginals, iterations
+
+
+def _first_order(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
+    """PDLP (OR-Tools, one thread) for the iterations ``work_s`` buys, or to a relative gap
+    of 1e-6: ``(duals of the <= rows, of the = rows, iterations)``, ``None`` where the work
+    buys fewer than :data:`FIRST_ORDER_ITERATIONS`. Restarted every major iteration (the
+    LLaMA-3-8B 8x8 LP within 0.4% of its optimum in 2000 iterations; 4400 by default)."""
+    from ortools.pdlp import solvers_pb2  # heavy: OR-Tools, imported by the first solve
+    from ortools.pdlp.python import pdlp  # heavy: as above
+    from scipy.sparse import vstack  # heavy: scipy, as the LP's
+
+    a = vstack([a_ub, a_eq]).tocsc()
+    cap = min(int(work_s / (NONZERO_ITERATION_S * max(a.nnz, 1))), 2**31 - 1)
+    if cap < FIRST_ORDER_ITERATIONS:
+        return None
+    # its tolerances are absolute and relative: the costs scaled to 1 at most, and the duals
+    # back (where a fixed node set the LP's scale, the choices' costs were far below it)
+    k = 1.0 / (float(np.abs(cost).max()) or 1.0)
+    qp = pdlp.QuadraticProgram()
+    qp.objective_vector = cost * k
+    qp.constraint_matrix = a
+    qp.constraint_lower_bounds = np.concatenate([np.full(len(b_ub), -np.inf), b_eq])
+    qp.constraint_upper_bounds = np.concatenate([b_ub, b_eq])
+    qp.variable_lower_bounds = bounds[:, 0]
+    qp.variable_upper_bounds = bounds[:, 1]
+    params = solvers_pb2.PrimalDualHybridGradientParams()
+    params.num_threads = 1
+    params.restart_strategy = params.EVERY_MAJOR_ITERATION
+    params.termination_criteria.iteration_limit = cap
+    optimal = params.termination_criteria.simple_optimality_criteria
+    # relative only: the optimum can be far below the costs of the choices it avoids (a
+    # copy's 0.5 against a plan's 1e-6), where an absolute 1e-6 ends it at half the bound
+    optimal.eps_optimal_relative, optimal.eps_optimal_absolute = 1e-6, 0.0
+    res = pdlp.primal_dual_hybrid_gradient(qp, params)
+    iterations = int(res.solve_log.iteration_count)
+    charge(NONZERO_ITERATION_S * a.nnz * max(iterations, 1))
+    y = np.asarray(res.dual_solution) / k
+    if len(y) != len(b_ub) + len(b_eq) or not np.isfinite(y).all():
+        return None
+    return y[: len(b_ub)], y[len(b_ub) :], iterations

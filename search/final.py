@@ -12,7 +12,7 @@ from autolayout.core import Graph, Hardware, MeshError, RuleError, base_name
 from autolayout.cost_models import RuleSet, place_mesh, plan_from_costs, price
 
 from .baselines import batch_dim, seq_dims, spatial_dims
-from .bound import lp_bound
+from .bound import FIRST_ORDER_PAIRS, lp_bound
 from .clock import clock
 from .interrupt import interrupted
 from .liveness import memory_peak
@@ -331,7 +331,9 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         solver["gap"] = max(0.0, step / bound - 1.0) if bound > 0 else 0.0
         solver["bound_s"] = bound_s
         solver["bound_kind"] = bound_kind
-    return plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+    p = plan_from_costs(workload, g, hw, mesh, rules, layouts, priced, status, solver)
+    p.request = on.request  # for tighten_bound, at the end of the call
+    return p
 
 
 def _joint_axes(mesh: dict[str, int], layouts, rules, assigns) -> tuple[str, str] | None:
@@ -423,13 +425,32 @@ def _bound(win: ShapeResult) -> tuple[float | None, float, str]:
         lp = solved.bound_s if solved is not None else None
     # the strongest first: a tie (a lower bound the LP raised) is named by the LP
     kinds = [(req.whole_bound or 0.0, "the ILP's bound over every fitting layout"),
-             (lp or 0.0, "the LP relaxation over every layout, resharding priced and memory "
-              "free"),
+             (lp or 0.0, LP_KIND),
              (per_op, "every op at its cheapest split, resharding and memory free")]  # fmt: skip
     bound, kind = max(kinds, key=lambda k: k[0])
     if bound <= 0:  # too many decisions to price every strategy (26k: ~9 s), no ILP bound
         return None, time.perf_counter() - t, ""
     return bound, time.perf_counter() - t, kind
+
+
+LP_KIND = "the LP relaxation over every layout, resharding priced and memory free"
+
+
+def tighten_bound(p, gap: float, work_s: float) -> None:
+    """At the end of an ``al.plan`` call: where the plan is further than ``gap`` from its
+    bound and that bound is not the LP's, the LP relaxation again with ``work_s`` of work (the
+    budget the search left; past dual simplex's pairs, PDLP: ``search/bound.py``), and the
+    plan's bound and gap from it where it binds more. Drops the plan's request either way."""
+    req, p.request = p.request, None
+    s = p.solver
+    if req is None or "lower_bound_s" not in s or s["gap"] <= gap or s["bound_kind"] == LP_KIND:
+        return
+    t = time.perf_counter()
+    lp = lp_bound(req, work_s, largest=FIRST_ORDER_PAIRS)
+    s["bound_s"] += time.perf_counter() - t
+    if lp is not None and lp.bound_s > s["lower_bound_s"]:
+        s["lower_bound_s"], s["bound_kind"] = lp.bound_s, LP_KIND
+        s["gap"] = max(0.0, p.predicted["step_time_s"] / lp.bound_s - 1.0)
 
 
 def _merged_sizes(g: Graph, rules: list) -> list:

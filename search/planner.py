@@ -71,7 +71,7 @@ from .accumulation import why_chosen as accumulation_why
 from .baselines import layouts_and_misses
 from .bound import lp_bound
 from .clock import WORK_SHARE, Clock, active, charge, clock, now, using, wall_slack
-from .final import _to_plan
+from .final import LP_SHARE, _to_plan, tighten_bound
 from .interrupt import interrupted, interruptible
 from .meshes import mesh_shapes
 from .pipeline import plan_pipelined, rank
@@ -214,6 +214,11 @@ def _call(workload, hw, time_limit_s, deterministic, started_at, gap, kw) -> Pla
         c.end = c.now() + budget
         c.limit_s = float(time_limit_s)
         p = plan(workload, hw, time_limit_s=budget, **kw)
+        # the plan's bound from the work the search left (at least what the winner's had),
+        # ending by the wall-clock stop
+        work = max(LP_SHARE * time_limit_s, c.end - c.now())
+        tighten_bound(p, gap, min(work, c.wall_left()) if not c.walled else 0.0)
+        c.mark("bound")
     p.solver["phases_s"] = dict(c.phases)
     p.solver["wall_s"] = time.perf_counter() - start
     p.solver["time_limit_s"] = float(time_limit_s)

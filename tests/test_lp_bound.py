@@ -16,7 +16,7 @@ from test_search import build_fn, programs
 
 import autolayout as al
 from autolayout.cost_models import donated_inputs
-from autolayout.search import ilp
+from autolayout.search import bound, ilp
 from autolayout.search import request as rq
 from autolayout.search import structure as st_mod
 from autolayout.search.bound import lp_bound
@@ -87,6 +87,55 @@ def test_the_lp_bound_binds_where_the_per_op_bound_does_not():
     assert step / per_op > 1.05
     assert step / lp < 1.01
     assert p.solver["gap"] < 0.01 and p.solver["bound_kind"].startswith("the LP relaxation")
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(steps=programs(), share=st.booleans())
+def test_the_first_order_bound_is_below_every_layout_and_the_exact_lp(steps, share):
+    """PDLP's approximate duals (past dual simplex's pairs; here on every request) give a
+    valid bound: below the best layout (brute force) and the exact LP's, and near the exact
+    LP's on these small requests."""
+    g = al.trace(build_fn(steps))
+    assume(len(g.ops) <= 6)
+    req = rq.build(st_mod.analyse(g, share=share), al.hardware("tpu-v4-16"), {"a": 2, "b": 4})
+    options = [req.allowed(n) for n in range(len(req.nodes))]
+    assume(1 < math.prod(len(o) for o in options) <= 20000)
+    best = min(req.objective(list(c)) for c in itertools.product(*options))
+    exact = lp_bound(req, WORK)
+    saved = bound.LP_PAIRS
+    try:
+        bound.LP_PAIRS = 0  # every request past dual simplex's
+        first = lp_bound(req, WORK, largest=bound.FIRST_ORDER_PAIRS)
+    finally:
+        bound.LP_PAIRS = saved
+    assert exact is not None and first is not None
+    assert first.bound_s <= best * (1 + 1e-9) + 1e-15, (first.bound_s, best)
+    assert first.bound_s <= exact.bound_s * (1 + 1e-6) + 1e-15, (first.bound_s, exact.bound_s)
+    assert first.bound_s >= 0.9 * exact.bound_s, (first.bound_s, exact.bound_s)
+
+
+def test_past_dual_simplex_the_first_order_bound_binds():
+    """my_transformer on cpu-8 2x4 (69k pairs: dual simplex took 36 s to the exact LP,
+    0.4521 s): PDLP with 4 s of work is within 1% of it, well above the per-op bound (0.4289
+    s), and below the layouts the search and 200 random choices give."""
+    req = _request("my_transformer", "cpu-8", 1)
+    assert req.size() > bound.LP_PAIRS
+    assert lp_bound(req, WORK) is None  # dual simplex's limit
+    lp = lp_bound(req, 4.0, largest=bound.FIRST_ORDER_PAIRS)
+    assert lp is not None and lp.iterations >= bound.FIRST_ORDER_ITERATIONS
+    per_op = req.lower_bound()
+    assert lp.bound_s > 1.04 * per_op, (lp.bound_s, per_op)
+    rng = random.Random(0)
+    choices = [[rng.choice(req.allowed(n)) for n in range(len(req.nodes))] for _ in range(200)]
+    least = min(req.objective(c) for c in choices)
+    assert lp.bound_s <= least * (1 + 1e-9)
+    p = al.plan(load_model("my_transformer"), "cpu-8", mesh={"a": 2, "b": 4}, time_limit_s=20)
+    assert lp.bound_s <= p.predicted["step_time_s"] * (1 + 1e-9)
+    assert p.request is None  # the call dropped it
 
 
 def test_the_lp_bound_gives_up_past_its_work():

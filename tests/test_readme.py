@@ -147,6 +147,9 @@ def test_page_runs_as_written(page, folders, monkeypatch):
             assert line in flat, (
                 f"{page} block {k}: {line!r} not in what it printed:\n{out[-4000:]}"
             )
+        if page == "README.md":  # issue 37: every example's plan within 5% of its bound
+            for gap in re.findall(r"([\d.]+)% (?:of|from) the best possible", flat):
+                assert float(gap) <= 5.0, f"README.md block {k}: a gap of {gap}%:\n{out[-4000:]}"
         if page == "README.md" and k == 0:  # the main job: a feasible plan that splits the model
             assert re.search(r"rules \(how the inputs are split\):\n  \w", out), out
             assert "INFEASIBLE" not in out, out

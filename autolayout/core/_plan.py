@@ -56,6 +56,9 @@ class Plan:
     outputs: list[Layout] = field(default_factory=list)
     workload: Any = field(default=None, repr=False, compare=False)
     graph: Any = field(default=None, repr=False, compare=False)
+    # the search's request on the plan's mesh while its ``al.plan`` call lasts (the call may
+    # tighten the plan's bound with the budget the search left), then None
+    request: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
