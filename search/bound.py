@@ -18,7 +18,7 @@ Up to :data:`LP_PAIRS` strategy pairs the LP is solved exactly by HiGHS's dual s
 in iterations; past them (to :data:`FIRST_ORDER_PAIRS`) by PDLP, OR-Tools' first-order
 primal-dual method (one thread), capped in iterations too: its duals are approximate, and the
 Lagrangian makes any of them a valid bound (my_transformer on cpu-8 2x4, 69k pairs: the exact
-LP's 0.4521 s by dual simplex in 36 s; PDLP 0.4490 in 800 iterations, 1.4 s). Caps in
+LP's 0.4521 s by dual simplex in 36 s; PDLP's 0.4504 in 1200 iterations, 1.8 s). Caps in
 iterations are deterministic: the same request and work give the same bound on any machine;
 past the cap there is no LP bound (dual simplex) and the caller keeps the per-op one.
 """
@@ -44,6 +44,10 @@ ROW_ITERATION_S = 2.5e-8
 # PDLP, per iteration and nonzero: 2.3e-9 s (my_transformer cpu-8 2x4, 658k nonzeros, 800
 # iterations in 1.2 s) to 2.6e-9 s (LLaMA-3-8B h100-64 8x8, 582k, 2000 in 3.0 s)
 NONZERO_ITERATION_S = 3e-9
+# PDLP ends at this relative gap (its own estimate, not the Lagrangian's) or at its cap: at
+# 3e-4, LLaMA-3-8B 8x8 0.3177 s in 2300 iterations (the exact LP 0.3188), my_transformer 2x4
+# 0.4504 in 1200 (0.4521); at 1e-3 0.3146 and 0.4444; to 1e-6, 12k iterations (20 s)
+FIRST_ORDER_GAP = 3e-4
 FIRST_ORDER_ITERATIONS = 200  # fewer than this: no bound worth its work (both: below per-op)
 # building it, per variable and row, its nodes' costs priced (charged apart, by the request):
 # 2.5e-6 s (my_transformer cpu-8 1-D, 12k) to 3.2e-6 s (LLaMA-3-8B h100-64 8x8, 148k)
@@ -227,9 +231,10 @@ def _dual_simplex(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
 
 def _first_order(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
     """PDLP (OR-Tools, one thread) for the iterations ``work_s`` buys, or to a relative gap
-    of 1e-6: ``(duals of the <= rows, of the = rows, iterations)``, ``None`` where the work
-    buys fewer than :data:`FIRST_ORDER_ITERATIONS`. Restarted every major iteration (the
-    LLaMA-3-8B 8x8 LP within 0.4% of its optimum in 2000 iterations; 4400 by default)."""
+    of :data:`FIRST_ORDER_GAP`: ``(duals of the <= rows, of the = rows, iterations)``,
+    ``None`` where the work buys fewer than :data:`FIRST_ORDER_ITERATIONS`. Restarted every
+    major iteration (LLaMA-3-8B 8x8 within 0.4% of the exact LP in 2000 iterations, where
+    PDLP's default restarts took 4400 to 2%)."""
     from ortools.pdlp import solvers_pb2  # heavy: OR-Tools, imported by the first solve
     from ortools.pdlp.python import pdlp  # heavy: as above
     from scipy.sparse import vstack  # heavy: scipy, as the LP's
@@ -255,7 +260,7 @@ def _first_order(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
     optimal = params.termination_criteria.simple_optimality_criteria
     # relative only: the optimum can be far below the costs of the choices it avoids (a
     # copy's 0.5 against a plan's 1e-6), where an absolute 1e-6 ends it at half the bound
-    optimal.eps_optimal_relative, optimal.eps_optimal_absolute = 1e-6, 0.0
+    optimal.eps_optimal_relative, optimal.eps_optimal_absolute = FIRST_ORDER_GAP, 0.0
     res = pdlp.primal_dual_hybrid_gradient(qp, params)
     iterations = int(res.solve_log.iteration_count)
     charge(NONZERO_ITERATION_S * a.nnz * max(iterations, 1))
