@@ -194,9 +194,10 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
     b_ub, b_eq = np.array(rows.b), np.array(eq.b)
     charge(LP_ELEMENT_S * (nv + len(rows.b)))
     left = work_s - (now() - start)  # the nodes' costs priced the first time are charged too
+    top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
     bounds = np.zeros((nv, 2))
     bounds[:, 1] = 1.0
-    bounds[t_var, 1] = np.inf
+    bounds[t_var, 1] = top  # (bounded for PDLP: its own gap then prices T as the bound does)
     solve = _dual_simplex if size <= LP_PAIRS else _first_order
     duals = solve(cost, a_ub, b_ub, a_eq, b_eq, bounds, left)
     if duals is None:
@@ -204,7 +205,6 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
     y_ub, y_eq, iterations = duals
     y_ub = np.minimum(y_ub, 0.0)  # <= rows: multipliers <= 0 (scipy's sign, PDLP's too)
     reduced = cost - a_ub.T @ y_ub - a_eq.T @ y_eq
-    top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
     value = float(b_ub @ y_ub + b_eq @ y_eq + np.minimum(reduced[:t_var], 0.0).sum())
     value += min(0.0, float(reduced[t_var])) * top + (1.0 - o) * (fixed_c + fixed_m)
     nrows = len(b_ub) + len(b_eq)

@@ -21,7 +21,7 @@ from .seeds import Candidate, ShapeResult
 from .structure import Structure
 
 
-def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
+def _axis_names(g: Graph, r: ShapeResult, layouts, assigns) -> dict[str, str]:
     """Generic mesh axes named after what they split, as Megatron-LM and MaxText name them:
     a weight's experts dim ``expert``; weights and the batch (of an input, or of the
     activations) ``fsdp``; weights and not the batch ``tensor``; the batch only ``data``; a
@@ -31,7 +31,9 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     hidden units, no weight) ``tensor``. A second axis of one name is ``tensor2``, ...
     A mesh the user gave keeps its names. Weights are the inputs without the batch dim; a
     dim is experts or sequence by its name, ``#`` and size left out (``seq#2``, the tracer's
-    ``seq`` by role, the token inputs' ``enc_seq``)."""
+    ``seq`` by role, the token inputs' ``enc_seq``). ``layouts`` (every tensor's) and
+    ``assigns`` (each op's split) on the request's own axes: the plan's, so that the names
+    say what the plan returned splits (not the search's choice a rules plan came from)."""
 
     req = r.request
     if r.named:
@@ -62,7 +64,6 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
             return "seq"
         return "param" if weight else "act"
 
-    layouts = req.layouts_of(choice)
     splits: dict[str, set[str]] = {a: set() for a in req.machine.mesh}
     for t in g.inputs:
         tt = g.tensors[t]
@@ -90,7 +91,7 @@ def _axis_names(g: Graph, r: ShapeResult, choice: list[int]) -> dict[str, str]:
     quiet = [a for a in inner if not splits[a]]
     if quiet:  # an axis no tensor uses at all holds replicas: named so, not after a role
         touched = {  # an op may split a summed dim on it (partial sums): it divides work
-            a for assign in req.assigns_of(choice).values() for axes in assign for a in axes
+            a for assign in assigns.values() for axes in assign for a in axes
         }
         for a in quiet:
             if a not in touched:
@@ -141,11 +142,32 @@ def _hand_exactly(g: Graph, hw: Hardware, results, limit: int, st: Structure):
     if best is None:
         return None
     c, r, name = best
-    names = _axis_names(g, r, c.choice)
+    names = _axis_names(g, r, r.request.layouts_of(c.choice), r.request.assigns_of(c.choice))
     mesh = {names[a]: n for a, n in r.mesh.items()}
     rules = [(d, tuple(names[a] for a in axes)) for d, axes in dict(c.rules).items()]
     step, rules, layouts, priced, assigns = _rules_exactly(g, hw, mesh, rules, st)
     return step, r, name, mesh, rules, layouts, priced, names, assigns
+
+
+def _renamed(g: Graph, hw: Hardware, st: Structure, r: ShapeResult, mesh, rules, layouts,
+             assigns, names):  # fmt: skip
+    """A rules plan's axes named after what it splits, where that differs from the names of
+    the choice it came from (the search's choice split the batch inside the step, its rules
+    do not: an axis of weights alone is ``tensor``, not ``fsdp``): ``(names, mesh, the plan
+    priced again with them)``, else None. The same devices in the same order, so the same
+    costs; priced again so that every name in its report is the new one."""
+    raw = {v: k for k, v in names.items()}
+
+    def back(x):
+        return tuple(tuple(raw[a] for a in axes) for axes in x)
+
+    again = _axis_names(g, r, {t: back(lay) for t, lay in layouts.items()},
+                        {op: back(x) for op, x in assigns.items()})  # fmt: skip
+    if again == names:
+        return None
+    m = {again[raw[a]]: n for a, n in mesh.items()}
+    rs = [(d, tuple(again[raw[a]] for a in axes)) for d, axes in rules]
+    return again, m, _rules_exactly(g, hw, m, rs, st)
 
 
 def _rules_exactly(g: Graph, hw: Hardware, mesh: dict[str, int], rules, st: Structure):
@@ -228,7 +250,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     if choice != win.best.choice:
         mem = memory_peak(req, choice)[0]
         win.best = Candidate(choice, req.objective(choice), mem, win.best.source)
-    names = _axis_names(g, win, choice)
+    names = _axis_names(g, win, req.layouts_of(choice), req.assigns_of(choice))
     layouts, assigns = req.layouts_of(choice, names), req.assigns_of(choice, names)
     mesh = {names[a]: n for a, n in win.mesh.items()}
     for t in g.tensors:
@@ -244,7 +266,7 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
     if check_hand and status != "INFEASIBLE" and exceptions and rules:
         mine = _rules_exactly(g, hw, mesh, rules, st)  # the search's own rules, on every tensor
         if hand is None or mine[0] < hand[0]:
-            hand = (mine[0], win, OWN_RULES, mesh, mine[1], mine[2], mine[3], names)
+            hand = (mine[0], win, OWN_RULES, mesh, mine[1], mine[2], mine[3], names, mine[4])
     source = "search"
     if hand is not None:
         mem, hand_mem = (x["predicted"]["memory_bytes_per_device"] for x in (priced, hand[6]))
@@ -254,7 +276,10 @@ def _to_plan(workload, g, hw, win: ShapeResult, results, status, limit, t0, t_tr
         # as fast and leaner: the search kept whole what the hand layout splits for free
         leaner = hand[0] <= searched * (1 + 1e-9) and hand_mem < mem
         if hand_mem <= limit and (faster or simpler or leaner or mem > limit):
-            _, win, name, mesh, rules, layouts, priced, names = hand[:8]
+            _, win, name, mesh, rules, layouts, priced, names, assigns = hand
+            again = _renamed(g, hw, st, win, mesh, rules, layouts, assigns, names)
+            if again is not None:
+                names, mesh, (_, rules, layouts, priced, assigns) = again
             if name == OWN_RULES:
                 win.best = Candidate(win.best.choice, hand[0], hand_mem, "search rules")
                 what = "the search's rules without their exceptions"

@@ -28,7 +28,8 @@ def _names(g: al.Graph, mesh: dict[str, int], rules: dict[str, tuple[str, ...]])
     """The names the planner gives the generic axes of ``mesh`` laid out as ``rules``."""
     req = build(analyse(g), al.hardware("cpu-8"), mesh)
     choice = choice_of_rules(req, RuleSet(g, mesh, list(rules.items())))
-    return _axis_names(g, ShapeResult(dict(mesh), None, "SEEDED", 0.0, request=req), choice)
+    r = ShapeResult(dict(mesh), None, "SEEDED", 0.0, request=req)
+    return _axis_names(g, r, req.layouts_of(choice), req.assigns_of(choice))
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,42 @@ def test_a_users_mesh_keeps_its_names():
 )
 def test_gpt_axes_are_named_for_what_they_split(gpt, rules, want):
     assert _names(gpt, {"a": 2, "b": 4}, rules) == want
+
+
+def test_a_rules_plan_is_named_for_what_its_rules_split_not_the_choice_it_came_from():
+    """A stranger's Equinox MLP (eqx.nn.MLP 256-512-512-512-10, batch 64) on cpu-8: the
+    search's choice split the batch inside the step; the plan returned is its rules without
+    their exceptions, which split only the hidden units: its axes are ``tensor``, not the
+    ``fsdp=4 x fsdp2=2`` the choice's names said (2026-12-07)."""
+    eqx = pytest.importorskip("equinox")
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def init(key):
+        return eqx.filter(eqx.nn.MLP(256, 10, 512, 3, key=key), eqx.is_array)
+
+    static = eqx.filter(eqx.nn.MLP(256, 10, 512, 3, key=jax.random.PRNGKey(0)), eqx.is_array,
+                        inverse=True)  # fmt: skip
+
+    def loss_fn(params, b):
+        logits = jax.vmap(eqx.combine(params, static))(b["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
+
+    spec = {"x": jax.ShapeDtypeStruct((64, 256), jnp.float32),
+            "y": jax.ShapeDtypeStruct((64,), jnp.int32)}  # fmt: skip
+    wl = al.train_workload(loss_fn, optax.adam(1e-3), init, spec, lambda rng: None)
+    p = al.plan(wl, "cpu-8", time_limit_s=20)
+    assert {"features", "hidden", "hidden2", "classes", "batch"} == set(p.graph.dims)
+    split = {a for _, axes in p.rules() for a in axes}
+    batch_split = any(
+        axes for t, lay in p.layouts.items()
+        for d, axes in zip(p.graph.tensors[t].dims, lay, strict=True) if d == "batch"
+    )  # fmt: skip
+    for a in p.mesh:
+        if a.startswith("fsdp") or a.startswith("data"):
+            assert batch_split, (p.mesh, p.rules())
+    assert split <= set(p.mesh)
 
 
 def test_an_axis_that_splits_the_experts_is_expert_even_where_it_splits_the_batch():

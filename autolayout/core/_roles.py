@@ -23,6 +23,9 @@ from the program's structure alone (no library is special-cased):
 * ``d_ff``: a dim weight matmuls produce from ``d_model`` and contract back into it, over
   two weights at least (an MLP's hidden units: the column/row pair Megatron splits), not
   one weight's layer copies.
+* without a ``d_model`` (a plain MLP): ``features``, a float input's axis a weight's matmul
+  contracts; ``hidden``, ``hidden2``, ...: dims one weight's matmul makes and another's
+  contracts (Mesh-TF's MNIST: ``hidden1``, ``hidden2``).
 * ``layers``: a scanned stack's leading axis, or an example-free axis the unrolled layers
   read a row each of; ``kernel_height``/``kernel_width``: a conv weight's window.
 * otherwise a weight's path without its layer index, a repeated module's instance index
@@ -472,8 +475,10 @@ def role_names(
     # d_model, by two weights at least (one weight's backward matmul contracts what it made)
     made: dict[int, set[int]] = {}
     eaten: dict[int, set[int]] = {}
+    makes: dict[int, set[int]] = {}  # any weight's matmul: the dims it makes, it contracts
+    eats: dict[int, set[int]] = {}
     dm = set(d_model)
-    for op, lhs, rhs, _ in pg.dots:
+    for op, lhs, rhs, _ in pg.dots:  # (in program order: the forward's first)
         ts = [lhs, rhs]
         acts = [any(r(t, a) in batch for a in range(len(shapes[t]))) for t in ts]
         if acts.count(True) != 1:
@@ -483,6 +488,10 @@ def role_names(
         con = {c[side] for c in op.param("contracting", ())}
         free = {r(w, a) for a in range(len(shapes[w])) if a not in con}
         cdims = {r(w, a) for a in con}
+        for x in sorted(free):
+            makes.setdefault(x, set()).add(pg.source(b, w))
+        for x in cdims:
+            eats.setdefault(x, set()).add(pg.source(b, w))
         if cdims & dm:
             for x in free - dm:
                 made.setdefault(x, set()).add(pg.source(b, w))
@@ -500,6 +509,16 @@ def role_names(
         kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
+    if not dm:  # no residual stream: a plain MLP (Mesh-TF's MNIST names io, hidden1, hidden2)
+        named = {x for x, _ in out} | batch | skip
+        for t in sorted(data - pg.ints):  # a float input's features a weight's matmul reads
+            for a in range(1, len(shapes[t])):
+                if r(t, a) in eats and r(t, a) not in named:
+                    add(r(t, a), "features")
+        hidden = [x for x in makes if x in eats and x not in named  # the first made first
+                  and any(w != v for w in makes[x] for v in eats[x])]  # fmt: skip
+        for k, x in enumerate(hidden):  # made by one weight, read by another: hidden units
+            add(x, "hidden" if k == 0 else f"hidden{k + 1}")
     weights = set(pg.weights)
     for _, w, spatial in pg.convs:  # a conv's kernel window, where the kernel is a weight
         if pg.source(b, w) in weights and 1 <= len(spatial) <= 3:
