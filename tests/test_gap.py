@@ -34,8 +34,11 @@ def _mlp(d=1024, hidden=8192, batch=8192) -> al.Workload:
 
 @pytest.fixture(scope="module")
 def mlp_plans():
+    """On tpu-v5e-16 (2 x 8 stops short under the loose gap: 0.000807 s, exactly 0.000801;
+    on tpu-v5e-8 every shape's seeds reach its optimum since the MLP's dims were named by
+    role, 2026-12-07)."""
     wl = _mlp()
-    return {gap: al.plan(wl, "tpu-v5e-8", time_limit_s=10, gap=gap) for gap in (0.0, 0.25)}
+    return {gap: al.plan(wl, "tpu-v5e-16", time_limit_s=10, gap=gap) for gap in (0.0, 0.25)}
 
 
 def _by_mesh(p: al.Plan) -> dict:

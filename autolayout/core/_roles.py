@@ -23,7 +23,7 @@ from the program's structure alone (no library is special-cased):
 * ``d_ff``: a dim weight matmuls produce from ``d_model`` and contract back into it, over
   two weights at least (an MLP's hidden units: the column/row pair Megatron splits), not
   one weight's layer copies.
-* without a ``d_model`` (a plain MLP): ``features``, a float input's axis a weight's matmul
+* without a ``d_model`` or a conv (a plain MLP): ``features``, a float input's axis a weight's matmul
   contracts; ``hidden``, ``hidden2``, ...: dims one weight's matmul makes and another's
   contracts (Mesh-TF's MNIST: ``hidden1``, ``hidden2``).
 * ``layers``: a scanned stack's leading axis, or an example-free axis the unrolled layers
@@ -509,7 +509,8 @@ def role_names(
         kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
-    if not dm:  # no residual stream: a plain MLP (Mesh-TF's MNIST names io, hidden1, hidden2)
+    if not dm and not pg.convs:  # no residual stream, no conv: a plain MLP (Mesh-TF's MNIST
+        # names io, hidden1, hidden2; a CNN's widths keep their weights' names)
         named = {x for x, _ in out} | batch | skip
         for t in sorted(data - pg.ints):  # a float input's features a weight's matmul reads
             for a in range(1, len(shapes[t])):
