@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .clock import charge, now
+from .clock import active, charge, now
 from .request import Request
 
 LP_PAIRS = 60_000  # strategy pairs up to which dual simplex solves it (GPT-3 6.7B's 2-D: 51k)
@@ -92,7 +92,9 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
     it has more than ``largest`` strategy pairs, where building and solving it would take
     more than ``work_s`` reference seconds (charged to the plan's clock) or the solver did
     not finish."""
-    t0, start = time.perf_counter(), now()
+    # inside a plan, its clock's reading (work, where it counts work); outside one, none: the
+    # build's own charge alone, so that the cap is the same on an idle and a busy machine
+    t0, start = time.perf_counter(), now() if active() is not None else None
     size = req.size()
     if size > min(largest, FIRST_ORDER_PAIRS) or LP_ELEMENT_S * 2 * size > work_s:
         return None
@@ -192,8 +194,9 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
         return None
     a_ub, a_eq = rows.matrix(nv), eq.matrix(nv)
     b_ub, b_eq = np.array(rows.b), np.array(eq.b)
-    charge(LP_ELEMENT_S * (nv + len(rows.b)))
-    left = work_s - (now() - start)  # the nodes' costs priced the first time are charged too
+    built = LP_ELEMENT_S * (nv + len(rows.b))
+    charge(built)
+    left = work_s - (now() - start if start is not None else built)  # (first pricings too)
     top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
     bounds = np.zeros((nv, 2))
     bounds[:, 1] = 1.0
