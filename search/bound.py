@@ -98,37 +98,8 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
     size = req.size()
     if size > min(largest, FIRST_ORDER_PAIRS) or LP_ELEMENT_S * 2 * size > work_s:
         return None
-    nodes = req.nodes
-    cand = [req.allowed(n) for n in range(len(nodes))]
-    costs = [[req.node_cost(n, s) for s in cand[n]] for n in range(len(nodes))]
-    o = req.overlap
-    comp: list[float] = []  # per variable: compute seconds, communication seconds
-    comm: list[float] = []
-    var: list[dict[int, int] | None] = []  # per node: strategy -> variable (None: fixed)
-    fixed_c = fixed_m = 0.0
-    eq = _Rows()
-    for n in range(len(nodes)):
-        if len(cand[n]) == 1:
-            var.append(None)
-            fixed_c += costs[n][0][0]
-            fixed_m += costs[n][0][1]
-            continue
-        ids = {}
-        for s, (c, m) in zip(cand[n], costs[n], strict=True):
-            ids[s] = len(comp)
-            comp.append(c)
-            comm.append(m)
-        var.append(ids)
-        eq.add(list(ids.values()), [], 1.0)
-
-    def X(n: int, strategies) -> tuple[list[int], float]:  # noqa: N802 - the formulation's
-        """The variables of node ``n``'s ``strategies``, and the constant (a fixed node)."""
-        ids = var[n]
-        if ids is None:
-            return [], float(cand[n][0] in strategies)
-        return [ids[s] for s in strategies if s in ids], 0.0
-
-    rows = _Rows()
+    f = Formulation(req)
+    cand, X, rows = f.cand, f.X, f.rows  # noqa: N806 - the formulation's
     for r in req.reads:
         src: dict[int, list[int]] = {}
         for s in cand[r.src]:
@@ -153,9 +124,7 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
                         free.extend(ss)
                 for w, ss in made.items():
                     if (a, w) not in z:
-                        z[(a, w)] = len(comp)
-                        comp.append(0.0)
-                        comm.append(r.count * req.read_cost(r, a, w))
+                        z[(a, w)] = f.new(r.count * req.read_cost(r, a, w))
                     yb, kb = X(n, ss)  # laid out a, read through copy w: z >= ya + yb - 1
                     rows.add(ya + yb, [z[(a, w)]], 1.0 - ka - kb)
                 if made:  # cover: laid out a, read free or through one of a's copies
@@ -174,44 +143,103 @@ def lp_bound(req: Request, work_s: float, largest: int = LP_PAIRS) -> LPBound | 
                     yb, kb = X(n, ss)
                     yf, kf = X(r.src, free_src)
                     rows.add(yb, zs + yf, kf - kb)
-    t_var = len(comp)  # T: the larger of compute and communication
-    # seconds scaled so the costliest choice is ~1: HiGHS's tolerances are absolute (1e-7),
-    # and a tiny model's costs are picoseconds
-    scale = max(max(comp, default=0.0), max(comm, default=0.0), fixed_c, fixed_m) or 1.0
-    cc, cm = np.array(comp + [0.0]) / scale, np.array(comm + [0.0]) / scale
-    fixed_c, fixed_m = fixed_c / scale, fixed_m / scale
-    for vec, const in ((cc, fixed_c), (cm, fixed_m)):  # C - T <= -fixed, M - T <= -fixed
-        nz = np.flatnonzero(vec)
-        k = len(rows.b)
-        rows.r.extend([k] * (len(nz) + 1))
-        rows.c.extend(nz.tolist() + [t_var])
-        rows.v.extend(vec[nz].tolist() + [-1.0])
-        rows.b.append(-const)
-    nv = t_var + 1
-    cost = (1.0 - o) * (cc + cm)
-    cost[t_var] = o
-    if not eq.b:  # every node fixed: nothing to relax
+    lp = f.lp()
+    if lp is None:  # every node fixed: nothing to relax
         return None
-    a_ub, a_eq = rows.matrix(nv), eq.matrix(nv)
-    b_ub, b_eq = np.array(rows.b), np.array(eq.b)
-    built = LP_ELEMENT_S * (nv + len(rows.b))
+    cost, a_ub, b_ub, a_eq, b_eq, bounds = lp
+    built = LP_ELEMENT_S * (len(cost) + len(b_ub))
     charge(built)
     left = work_s - (now() - start if start is not None else built)  # (first pricings too)
-    top = float(cc.sum() + cm.sum() + fixed_c + fixed_m)  # T never exceeds every cost summed
-    bounds = np.zeros((nv, 2))
-    bounds[:, 1] = 1.0
-    bounds[t_var, 1] = top  # (bounded for PDLP: its own gap then prices T as the bound does)
     solve = _dual_simplex if size <= LP_PAIRS else _first_order
     duals = solve(cost, a_ub, b_ub, a_eq, b_eq, bounds, left)
     if duals is None:
         return None
     y_ub, y_eq, iterations = duals
-    y_ub = np.minimum(y_ub, 0.0)  # <= rows: multipliers <= 0 (scipy's sign, PDLP's too)
-    reduced = cost - a_ub.T @ y_ub - a_eq.T @ y_eq
-    value = float(b_ub @ y_ub + b_eq @ y_eq + np.minimum(reduced[:t_var], 0.0).sum())
-    value += min(0.0, float(reduced[t_var])) * top + (1.0 - o) * (fixed_c + fixed_m)
     nrows = len(b_ub) + len(b_eq)
-    return LPBound(value * scale, iterations, nrows, nv, time.perf_counter() - t0)
+    return LPBound(f.bound_s(y_ub, y_eq), iterations, nrows, len(cost), time.perf_counter() - t0)
+
+
+class Formulation:
+    """An LP relaxation of a request's layouts, as rows are added: a variable per strategy of
+    every node with a choice (its strategies sum to 1), fixed nodes as constants, others the
+    caller adds (:meth:`new`: a copy, priced as communication) and ``<=`` rows (``rows``);
+    :meth:`lp` adds the step time ``T >= C, T >= M`` (overlap) and makes the matrices."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.cand = [req.allowed(n) for n in range(len(req.nodes))]
+        self.comp: list[float] = []  # per variable: compute seconds, communication seconds
+        self.comm: list[float] = []
+        self.var: list[dict[int, int] | None] = []  # per node: strategy -> variable (None: fixed)
+        self.fixed_c = self.fixed_m = 0.0
+        self.eq, self.rows = _Rows(), _Rows()
+        for n, strategies in enumerate(self.cand):
+            costs = [req.node_cost(n, s) for s in strategies]
+            if len(strategies) == 1:
+                self.var.append(None)
+                self.fixed_c += costs[0][0]
+                self.fixed_m += costs[0][1]
+                continue
+            ids = {}
+            for s, (c, m) in zip(strategies, costs, strict=True):
+                ids[s] = len(self.comp)
+                self.comp.append(c)
+                self.comm.append(m)
+            self.var.append(ids)
+            self.eq.add(list(ids.values()), [], 1.0)
+
+    def X(self, n: int, strategies) -> tuple[list[int], float]:  # noqa: N802 - the formulation's
+        """The variables of node ``n``'s ``strategies``, and the constant (a fixed node)."""
+        ids = self.var[n]
+        if ids is None:
+            return [], float(self.cand[n][0] in strategies)
+        return [ids[s] for s in strategies if s in ids], 0.0
+
+    def new(self, comm_s: float = 0.0) -> int:
+        """A further variable in [0, 1], ``comm_s`` seconds of communication at 1."""
+        self.comp.append(0.0)
+        self.comm.append(comm_s)
+        return len(self.comp) - 1
+
+    def lp(self):
+        """``(cost, a_ub, b_ub, a_eq, b_eq, bounds)`` in seconds scaled so that the costliest
+        choice is ~1 (HiGHS's tolerances are absolute, 1e-7, and a tiny model's costs are
+        picoseconds), ``T`` last; ``None`` where every node is fixed."""
+        if not self.eq.b:
+            return None
+        rows, t_var, o = self.rows, len(self.comp), self.req.overlap
+        self.scale = scale = max(max(self.comp, default=0.0), max(self.comm, default=0.0),
+                                 self.fixed_c, self.fixed_m) or 1.0  # fmt: skip
+        cc, cm = np.array(self.comp + [0.0]) / scale, np.array(self.comm + [0.0]) / scale
+        fixed_c, fixed_m = self.fixed_c / scale, self.fixed_m / scale
+        for vec, const in ((cc, fixed_c), (cm, fixed_m)):  # C - T <= -fixed, M - T <= -fixed
+            nz = np.flatnonzero(vec)
+            k = len(rows.b)
+            rows.r.extend([k] * (len(nz) + 1))
+            rows.c.extend(nz.tolist() + [t_var])
+            rows.v.extend(vec[nz].tolist() + [-1.0])
+            rows.b.append(-const)
+        nv = t_var + 1
+        cost = (1.0 - o) * (cc + cm)
+        cost[t_var] = o
+        self.constant = (1.0 - o) * (fixed_c + fixed_m)
+        bounds = np.zeros((nv, 2))
+        bounds[:, 1] = 1.0
+        # T never exceeds every cost summed (bounded for PDLP too: its own gap then prices T
+        # as the bound does)
+        bounds[t_var, 1] = float(cc.sum() + cm.sum() + fixed_c + fixed_m)
+        self._lp = (cost, rows.matrix(nv), np.array(rows.b), self.eq.matrix(nv),
+                    np.array(self.eq.b), bounds)  # fmt: skip
+        return self._lp
+
+    def bound_s(self, y_ub, y_eq) -> float:
+        """The Lagrangian of multipliers ``y`` (seconds): ``b^T y + sum_j min(0, r_j) u_j``
+        over the reduced costs ``r`` and the variables' upper bounds ``u``, valid for any."""
+        cost, a_ub, b_ub, a_eq, b_eq, bounds = self._lp
+        y_ub = np.minimum(y_ub, 0.0)  # <= rows: multipliers <= 0 (scipy's sign, PDLP's too)
+        reduced = cost - a_ub.T @ y_ub - a_eq.T @ y_eq
+        value = float(b_ub @ y_ub + b_eq @ y_eq + (np.minimum(reduced, 0.0) * bounds[:, 1]).sum())
+        return (value + self.constant) * self.scale
 
 
 def _dual_simplex(cost, a_ub, b_ub, a_eq, b_eq, bounds, work_s: float):
