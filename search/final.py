@@ -12,7 +12,7 @@ from autolayout.core import Graph, Hardware, MeshError, RuleError, base_name
 from autolayout.cost_models import RuleSet, place_mesh, plan_from_costs, price
 
 from .baselines import batch_dim, seq_dims, spatial_dims
-from .bound import FIRST_ORDER_PAIRS, lp_bound
+from .bound import FIRST_ORDER_PAIRS, LP_PAIRS, lp_bound
 from .clock import clock
 from .interrupt import interrupted
 from .liveness import memory_peak
@@ -470,6 +470,8 @@ def tighten_bound(p, gap: float, work_s: float) -> None:
     s = p.solver
     if req is None or "lower_bound_s" not in s or s["gap"] <= gap or s["bound_kind"] == LP_KIND:
         return
+    if req.size() <= LP_PAIRS and work_s <= LP_SHARE * clock().limit_s:
+        return  # :func:`_bound` ran this dual simplex with this work already: the same answer
     t = time.perf_counter()
     lp = lp_bound(req, work_s, largest=FIRST_ORDER_PAIRS)
     s["bound_s"] += time.perf_counter() - t
