@@ -57,9 +57,6 @@ _PAD = (
 )
 # fmt: off
 NAMES_NOT_YET = {
-    **dict.fromkeys(("hf_big_bird_clm", "hf_big_bird_mlm"),
-                    "block-sparse attention's bands of key blocks (seq_8th#2, slices of the "
-                    "8 blocks) are of another family than the blocks (seq_8th)"),
     "keras_inception_v3": _PAD,
     "keras_nasnet": _PAD,
 }

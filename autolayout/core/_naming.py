@@ -1,6 +1,7 @@
 """Naming dims: dead code removed first (as XLA drops it), then two union-finds over
 (tensor, axis): families (every link unites) and dims (a link unites only where the class
-would still hold at most one axis of a tensor and one user name)."""
+would still hold at most one axis of a tensor and one user name). The names read the
+families with the parts of like reshapes united (:func:`_index_spaces`)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,28 @@ def user_labels(b: _Builder, live: set[int]) -> dict[tuple[str, int], str]:
         for name, ns in sizes.items()
         for n in ns
     }
+
+
+def _index_spaces(b: _Builder, pg, fam: _UnionFind) -> _UnionFind:
+    """The families, with the parts of reshapes that split one family's axes into the same
+    sizes united, part by part: each is the same index space (BigBird's query and key blocks
+    are both ``seq`` split into blocks of 4; their positions in a block never link, as a
+    reshape links no part)."""
+    uf = _UnionFind(b.nax)
+    uf.parent = list(fam.parent)
+    find, parent = uf.find, uf.parent
+    first: dict[tuple, list[int]] = {}
+    for src, dst, gs in pg.reshapes:
+        for ga, gc in gs:
+            for one, many, t1, tm in ((gc, ga, dst, src), (ga, gc, src, dst)):
+                if len(one) == 1 and len(many) > 1:
+                    key = (fam.find(b.key(t1, one[0])), tuple(b.shapes[tm][a] for a in many))
+                    parts = [b.key(tm, a) for a in many]
+                    for x, y in zip(first.setdefault(key, parts), parts, strict=True):
+                        rx, ry = find(x), find(y)
+                        if rx != ry:
+                            parent[rx] = ry
+    return uf
 
 
 def _dims(
@@ -290,7 +313,7 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         elif n.startswith(WINDOWS):  # a kernel's window of another size
             sized_claim(r, [n])
     origin: dict[int, tuple[str, int]] = {}
-    _grow(b, pg, root, label, claim, origin, False)  # from the user's and the roles' names
+    _grow(b, pg, root, label, claim, origin, False, free)  # from the user's and the roles' names
     plain = instance_free([b.paths[t] for t in inputs])  # MixerBlock_0/Dense_0 -> MixerBlock/..
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
@@ -316,7 +339,7 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
                     claim(r, got, True)
                 elif not sized_claim(r, tries + mine):
                     claim(r, tries[0], True)
-    _grow(b, pg, root, label, claim, origin, True)
+    _grow(b, pg, root, label, claim, origin, True, free)
     for n in sized:  # the name's other dims named with their sizes too (``n``, ``n#2``)
         for old in [m for m in taken if base_of(m) == n]:
             q = taken.pop(old)
@@ -328,13 +351,15 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
 SPLIT_PARTS = ("outer", "mid", "inner")
 
 
-def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
+def _grow(b, pg, root, label, claim, origin, wider: bool, free=None) -> None:
     """Names what a named dim's structure shows, until nothing more is named: the dim a
     reshape merges named dims into (``heads*head_dim``), the parts a reshape splits a named
     dim into (``X_outer``, ``X_inner``) and a piece of a named dim that a slice, pad,
     concatenate or pooling resized (in either direction), named after the dim it was
     resized from first (``height_4th``, not ``height_half_half``; a piece back at that
-    dim's size is that dim: RoPE's interleaved halves make ``head_dim`` again). Every such
+    dim's size is that dim: RoPE's interleaved halves make ``head_dim`` again), or where
+    ``free`` says that name is another family's dim that a tensor holds with it, after the
+    dim it was cut from (BigBird's band of key blocks, ``seq_outer_half``). Every such
     name of one size is one dim: RoPE's halves of every unrolled layer are one
     ``head_dim_half``. Only pieces of a dim, and the dim they make again, unless ``wider``
     (a table of 64 positions, ``seq+48``; a fused projection's three heads*head_dim)."""
@@ -352,7 +377,15 @@ def _grow(b, pg, root, label, claim, origin, wider: bool) -> None:
                     name, n = origin.get(q) or (base_of(label[q]), sizes[q])
                     if sizes[r] > sizes[q] and sizes[r] != n and not wider:
                         continue
-                    claim(r, name if n == sizes[r] else resized_name(name, n, sizes[r]), True)
+                    got = name if n == sizes[r] else resized_name(name, n, sizes[r])
+                    own = (base_of(label[q]), sizes[q])
+                    if free is not None and own != (name, n) and not free(got, r):
+                        # another family's dim that a tensor holds with it: named after the
+                        # dim it was cut from (BigBird's band of 4 of 8 key blocks is
+                        # seq_outer_half, as seq_8th, 32 positions' 4, is a block's positions)
+                        name, n = own
+                        got = name if n == sizes[r] else resized_name(name, n, sizes[r])
+                    claim(r, got, True)
                     origin[r] = (name, n)
                     grown = True
         return grown
@@ -410,6 +443,7 @@ def _name_dims(
     keys = [k for k, (t, n) in enumerate(zip(owner, sizes, strict=True)) if n > 1 and t in live]
     fam = _families(b)
     dim, user_names, union, apart, copies = _dims(b, owner, sizes, fam, live, keys)
+    fam = _index_spaces(b, program(b, data, live), fam)  # (naming only: the dims are made)
     for _ in range(3):  # dims of one role that no tensor holds together are one dim
         root = [-1] * b.nax
         for k in keys:
