@@ -50,17 +50,7 @@ ENTRIES = catalogue.ENTRIES
 REPRESENTATIVES = ("hf_gpt2_clm", "hf_distilbert_mlm", "hf_bart_s2s", "keras_resnet",
                    "eqx_rnn", "nnx_mlp")  # fmt: skip
 
-_PAD = (
-    "at the tiny input the last stage's planes are 1x1 (no dim); the backward of its 3x3 "
-    "'same' average pooling pads them to 3x3: the new axes are named by the pad op (pad.N:1, "
-    "pad.N:2)"
-)
-# fmt: off
-NAMES_NOT_YET = {
-    "keras_inception_v3": _PAD,
-    "keras_nasnet": _PAD,
-}
-# fmt: on
+NAMES_NOT_YET: dict[str, str] = {}
 # dims still named by one instance of a repeated module (``test_names.instance_named``):
 # the plain name (``conv_dw``) is another family's, at its size too
 INSTANCE_NAMED = {

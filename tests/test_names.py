@@ -289,3 +289,29 @@ def test_a_name_at_several_sizes_is_a_dim_per_size_and_every_further_dim_has_its
     assert "convs" not in g.dims and "kernel_height" not in g.dims
     assert set(g.named("kernel_height")) == {"kernel_height(5)", "kernel_height(3)"}
     assert all(d.split("#")[0] in g.dims for d in g.dims if "#" in d), list(g.dims)
+
+
+def test_a_pooling_window_over_a_padded_1x1_plane_is_a_window():
+    """Keras InceptionV3 and NASNet at 75 and 32 pixels: the last planes are 1x1 (no dim);
+    the backward of a 3x3 'same' average pooling pads them to 3x3, axes that were named by
+    the pad op (``pad.4409:1``): now the window's, ``kernel_height`` (one dim with a conv's
+    window of its size, where no tensor holds both)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def loss_fn(p, batch):
+        x, y = batch
+        dn = ("NHWC", "HWIO", "NHWC")
+        x = jax.lax.conv_general_dilated(x, p["conv"], (4, 4), "VALID", dimension_numbers=dn)
+        pad = ((0, 0), (1, 1), (1, 1), (0, 0))
+        x = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), pad) / 9
+        return optax.softmax_cross_entropy_with_integer_labels(x[:, 0, 0] @ p["out"], y).mean()
+
+    f32 = jnp.float32
+    params = {"conv": jax.ShapeDtypeStruct((4, 4, 3, 16), f32),
+              "out": jax.ShapeDtypeStruct((16, 10), f32)}  # fmt: skip
+    batch = (jax.ShapeDtypeStruct((8, 4, 4, 3), f32), jax.ShapeDtypeStruct((8,), jnp.int32))
+    g = al.trace(al.train_workload(loss_fn, optax.sgd(0.1), params, batch, lambda rng: None))
+    assert not bad_names(g), list(g.dims)
+    assert g.dims["kernel_height"] == g.dims["kernel_width"] == 3, g.dims

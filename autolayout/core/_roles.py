@@ -27,7 +27,8 @@ from the program's structure alone (no library is special-cased):
   contracts; ``hidden``, ``hidden2``, ...: dims one weight's matmul makes and another's
   contracts (Mesh-TF's MNIST: ``hidden1``, ``hidden2``).
 * ``layers``: a scanned stack's leading axis, or an example-free axis the unrolled layers
-  read a row each of; ``kernel_height``/``kernel_width``: a conv weight's window.
+  read a row each of; ``kernel_height``/``kernel_width``: a conv weight's window, and a
+  pooling's where it reads the whole of a plane a pad made of a 1x1 one.
 * otherwise a weight's path without its layer index, a repeated module's instance index
   (:func:`instance_free`) and generic leaf names (``down_proj`` for
   ``params/model/layers/17/mlp/down_proj/kernel``), and what ``_naming`` derives from
@@ -155,6 +156,7 @@ class _Program:
         self.rows: list[tuple[int, int, int]] = []  # (operand, axis, start) of 1-row slices
         self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
         self.fused: list[tuple[int, int, dict]] = []  # (q, k, axes) of fused attention kernels
+        self.windows: list[tuple[int, int, tuple]] = []  # (input, result, window) of pooling
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
             if prim in ATTENTION_FWD and len(ins) >= 3:
@@ -188,6 +190,8 @@ class _Program:
                     and sp["window"] < sp["lhs_size"]
                 ]  # fmt: skip
             elif prim in WINDOW_OPS:  # pooling resizes its planes (and its gradient)
+                if ins and outs:
+                    self.windows.append((ins[0], outs[0], tuple(op.param("window", ()))))
                 self.relations += [
                     (b.key(i, a), b.key(o, a))
                     for i in ins for o in outs if len(b.shapes[i]) == len(b.shapes[o])
@@ -525,6 +529,14 @@ def role_names(
         if pg.source(b, w) in weights and 1 <= len(spatial) <= 3:
             for sp, name in zip(spatial, SPATIAL[len(spatial) - 1], strict=True):
                 add(r(w, sp["rhs"]), f"kernel_{name}")
+    for t, o, window in pg.windows:  # a pooling window that reads the whole of a plane a
+        # pad made of a 1x1 one (the backward of a 3x3 'same' pooling of 1x1 planes): its
+        src = pg.unpadded(b, t)  # window (a conv's, where one has that size)
+        spatial = [a for a, w in enumerate(window) if w > 1]
+        if src != t and 1 <= len(spatial) <= 3:
+            for a, name in zip(spatial, SPATIAL[len(spatial) - 1], strict=True):
+                if shapes[src][a] == 1 and shapes[o][a] == 1 and shapes[t][a] == window[a]:
+                    add(r(t, a), f"kernel_{name}")
     return out
 
 
