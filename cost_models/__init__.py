@@ -53,4 +53,5 @@ from .sharding import op_signature as op_signature
 from .sharding import op_template as op_template
 from .sharding import op_tensors as op_tensors
 from .sharding import reshard as reshard
+from .sharding import stacked_residuals as stacked_residuals
 from .sharding import state_dims as state_dims

@@ -114,13 +114,18 @@ def test_ilp_equals_brute_force(steps, shape, merge):
 
 
 @pytest.mark.parametrize(
-    "model,opts", [("mlp", {}), ("gpt", {}), ("gpt", {"scan": True}), ("moe", {}), ("t5", {})]
-)
-def test_request_prices_like_evaluate(model, opts):
+    "model,opts,hw_name",
+    [("mlp", {}, "tpu-v4-16"), ("gpt", {}, "tpu-v4-16"), ("gpt", {"scan": True}, "tpu-v4-16"),
+     ("moe", {}, "tpu-v4-16"), ("t5", {}, "tpu-v4-16"),
+     # a GPU profile prices the copies of a scan's residuals into and out of their stacks
+     # (scan_stack_passes): ops alike but for that had shared one cost
+     ("gpt", {"scan": True}, "h100-8"), ("t5", {}, "h200-8")],
+)  # fmt: skip
+def test_request_prices_like_evaluate(model, opts, hw_name):
     """For random choices, the request's step time and memory equal ``price``'s."""
     wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
     g = al.trace(wl)
-    hw = al.hardware("tpu-v4-16")
+    hw = al.hardware(hw_name)
     donated = donated_inputs(wl, g)
     req = rq.build(st_mod.analyse(g, share=True, donated=donated), hw, {"a": 2, "b": 4})
     rnd = random.Random(1)
@@ -134,13 +139,19 @@ def test_request_prices_like_evaluate(model, opts):
         assert arrays == liveness.memory_peak_walk(req, choice) == liveness.memory_peak(req, choice)
 
 
-@pytest.mark.parametrize("model,opts", [("gpt", {"layers": 4, "remat": "full"}), ("moe", {})])
-def test_price_reuses_alike_ops_exactly(model, opts):
+@pytest.mark.parametrize(
+    "model,opts,hw_name",
+    [("gpt", {"layers": 4, "remat": "full"}, "tpu-v4-16"), ("moe", {}, "tpu-v4-16"),
+     ("gpt", {"scan": True}, "h100-8")],
+)  # fmt: skip
+def test_price_reuses_alike_ops_exactly(model, opts, hw_name):
     """Reusing the cost of an op alike (the layers of a stack priced once each kind) changes
-    no op's cost, copies included: per op and in total, the same as pricing each op alone."""
+    no op's cost, copies included: per op and in total, the same as pricing each op alone.
+    On a GPU, an op whose result the backward scan reads from its stack is not alike to one
+    whose result it does not (LLaMA-3-8B on h100-64 had been priced 3% slow)."""
     wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
     g = al.trace(wl)
-    hw = al.hardware("tpu-v4-16")
+    hw = al.hardware(hw_name)
     req = rq.build(st_mod.analyse(g, share=True), hw, {"a": 2, "b": 4})
     rnd = random.Random(2)
     copies = 0
@@ -151,7 +162,7 @@ def test_price_reuses_alike_ops_exactly(model, opts):
         fast, alone = price(*args), price(*args, reuse=False)
         assert fast["predicted"] == alone["predicted"]
         for a, b in zip(fast["costs"], alone["costs"], strict=True):
-            assert a.op is b.op
+            assert a.op == b.op  # a loop boundary's cost: a copy of the loop op
             assert (a.wanted, a.produced, a.strategy, a.partial) == (
                 b.wanted,
                 b.produced,
