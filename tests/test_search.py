@@ -113,25 +113,35 @@ def test_ilp_equals_brute_force(steps, shape, merge):
 # --- the request prices what the evaluator prices -------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "model,opts,hw_name",
-    [("mlp", {}, "tpu-v4-16"), ("gpt", {}, "tpu-v4-16"), ("gpt", {"scan": True}, "tpu-v4-16"),
-     ("moe", {}, "tpu-v4-16"), ("t5", {}, "tpu-v4-16"),
-     # a GPU profile prices the copies of a scan's residuals into and out of their stacks
-     # (scan_stack_passes): ops alike but for that had shared one cost
-     ("gpt", {"scan": True}, "h100-8"), ("t5", {}, "h200-8")],
-)  # fmt: skip
+# every example model (and the scanned GPT with remat) on a TPU, a GPU (whose profile prices
+# the copies of a scan's residuals into and out of their stacks: ops alike but for that had
+# shared one cost) and XLA:CPU (scan stacks allocated at the start, promoted collectives)
+_EXAMPLES = [(m, {}) for m in ("mlp", "gpt", "moe", "t5", "my_transformer", "unet3d",
+                               "stranger_lm", "tagged_mlp", "pos_table")]  # fmt: skip
+_EXAMPLES += [("gpt", {"scan": True}), ("gpt", {"scan": True, "remat": "full"})]
+
+
+@pytest.mark.parametrize("hw_name", ["tpu-v4-16", "h100-8", "cpu-8"])
+@pytest.mark.parametrize("model,opts", _EXAMPLES)
 def test_request_prices_like_evaluate(model, opts, hw_name):
-    """For random choices, the request's step time and memory equal ``price``'s."""
-    wl = al.load_workload(f"{MODELS}/{model}.py", **opts)
-    g = al.trace(wl)
+    """For random choices, the request's step time and memory equal ``price``'s, and
+    ``price``'s reuse of the costs of ops alike equals pricing each op alone."""
     hw = al.hardware(hw_name)
+    wl = al.load_workload(f"{MODELS}/{model}.py", target=hw, **opts)
+    g = al.trace(wl)
     donated = donated_inputs(wl, g)
-    req = rq.build(st_mod.analyse(g, share=True, donated=donated), hw, {"a": 2, "b": 4})
+    st = st_mod.analyse(g, share=True, donated=donated,
+                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
+                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    req = rq.build(st, hw, {"a": 2, "b": 4})
     rnd = random.Random(1)
     for _ in range(3):
         choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
         p = priced(g, hw, req, choice, donated)
+        layouts, assigns = req.layouts_of(choice), req.assigns_of(choice)
+        alone = price(g, hw, req.machine.mesh, layouts, lambda op, groups, a=assigns: list(a[op.name]),
+                      donated=donated, reuse=False)["predicted"]  # fmt: skip
+        assert alone == p
         assert req.objective(choice) == pytest.approx(p["step_time_s"], rel=1e-9)
         assert liveness.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
         # the array walk finds the same peak at the same point as liveness_peak itself
