@@ -54,7 +54,6 @@ NAMES_NOT_YET: dict[str, str] = {}
 # dims still named by one instance of a repeated module (``test_names.instance_named``):
 # the plain name (``conv_dw``) is another family's, at its size too
 INSTANCE_NAMED = {
-    "keras_convnext": ["convnext_tiny_downsampling_conv_0", "convnext_tiny_downsampling_conv_1"],
     "keras_mobilenet": ["conv_dw_11"],
 }
 VALIDATE_NOT_YET = {

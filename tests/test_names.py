@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import autolayout as al
-from autolayout.core._roles import path_name, resized_name
+from autolayout.core._roles import instance_free, path_name, resized_name
 
 MODELS = Path(__file__).resolve().parent.parent / "experiments/models"
 OP_ID = re.compile(r"\w+\.\d+:\d+|^t\d+:\d+")  # iota.130:2, t66:0
@@ -315,3 +315,11 @@ def test_a_pooling_window_over_a_padded_1x1_plane_is_a_window():
     g = al.trace(al.train_workload(loss_fn, optax.sgd(0.1), params, batch, lambda rng: None))
     assert not bad_names(g), list(g.dims)
     assert g.dims["kernel_height"] == g.dims["kernel_width"] == 3, g.dims
+
+
+def test_instances_whose_indices_vary_together_are_one_module():
+    """Keras ConvNeXt's downsampling_block_1/downsampling_conv_1 is the second of
+    block_0/conv_0: its dims were named by the instance (downsampling_conv_0), now by the
+    module, at each size (downsampling_conv(32))."""
+    paths = ["params/ds_block_0/ds_conv_0/kernel", "params/ds_block_1/ds_conv_1/kernel"]
+    assert set(instance_free(paths).values()) == {"params/ds_block/ds_conv/kernel"}

@@ -625,21 +625,26 @@ def instance_free(paths) -> dict[str, str]:
     where the paths hold ``X_j`` of another ``j`` with the same components around it. A dim
     every block of a stack shares was named by block 0's weight (``MixerBlock_0_Dense_0``):
     now ``MixerBlock_Dense`` (each block's ``Dense_0`` ... ``Dense_3`` repeat too); a name
-    shared at several sizes reads ``beta(256)``."""
+    shared at several sizes reads ``beta(256)``. The components around are compared without
+    their own instance indices (ConvNeXt's ``block_1/conv_1`` repeats ``block_0/conv_0``)."""
     split = {p: [c for c in _PARTS.split(p) if c] for p in paths if p}
+    # the components around an instance, each without its own instance index: ConvNeXt's
+    # downsampling_block_1/downsampling_conv_1 is a second of block_0/conv_0
+    stems = {p: [m[1] if (m := _INSTANCE.fullmatch(c)) else c for c in cs]
+             for p, cs in split.items()}  # fmt: skip
     seen: dict[tuple, set[str]] = {}
-    for cs in split.values():
+    for p, cs in split.items():
+        st = stems[p]
         for i, c in enumerate(cs):
             m = _INSTANCE.fullmatch(c)
             if m:
-                key = (tuple(cs[:i]), m[1], tuple(cs[i + 1 :]))
-                seen.setdefault(key, set()).add(m[2])
+                seen.setdefault((tuple(st[:i]), m[1], tuple(st[i + 1 :])), set()).add(m[2])
     out = {}
     for p, cs in split.items():
-        kept = []
+        st, kept = stems[p], []
         for i, c in enumerate(cs):
             m = _INSTANCE.fullmatch(c)
-            many = m is not None and len(seen[(tuple(cs[:i]), m[1], tuple(cs[i + 1 :]))]) > 1
+            many = m is not None and len(seen[(tuple(st[:i]), m[1], tuple(st[i + 1 :]))]) > 1
             kept.append(m[1] if many else c)
         out[p] = "/".join(kept)
     return out
