@@ -53,9 +53,7 @@ REPRESENTATIVES = ("hf_gpt2_clm", "hf_distilbert_mlm", "hf_bart_s2s", "keras_res
 NAMES_NOT_YET: dict[str, str] = {}
 # dims still named by one instance of a repeated module (``test_names.instance_named``):
 # the plain name (``conv_dw``) is another family's, at its size too
-INSTANCE_NAMED = {
-    "keras_mobilenet": ["conv_dw_11"],
-}
+INSTANCE_NAMED: dict[str, list[str]] = {}
 VALIDATE_NOT_YET = {
     "keras_mobilenet": "XLA:CPU compiles a depthwise conv's filter gradient "
     "(batch_group_count = channels) as a dense convolution and a diagonal: its FLOPs are "

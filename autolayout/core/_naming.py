@@ -315,6 +315,16 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False, free)  # from the user's and the roles' names
     plain = instance_free([b.paths[t] for t in inputs])  # MixerBlock_0/Dense_0 -> MixerBlock/..
+    # what each matrix or kernel that carries a dim as its last axis, or the one before,
+    # would name it: MobileNet's 128 channels between pointwise convs of one width
+    carried: dict[int, list[str]] = {}
+    for t in inputs:
+        axes = [r for a in range(len(b.shapes[t])) if (r := root[b.key(t, a)]) >= 0]
+        if len(axes) < 2:
+            continue
+        for k, r in enumerate(reversed(axes[-2:])):
+            ns = path_names(plain.get(b.paths[t] or "", ""))[:1]
+            carried.setdefault(r, []).extend(n if k == 0 else f"{n}_in" for n in ns)
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
         axes = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
@@ -334,6 +344,11 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
                 if got is not None:
                     claim(r, got, True)
                 elif sized_claim(r, tries, only_free=True):
+                    pass
+                elif mine and (got := next((n for n in carried.get(r, ()) if free(n, r)), None)):
+                    claim(r, got, True)  # another weight's name for it, not the instance's
+                    # own (conv_pw, not conv_dw_11 where conv_dw(128) is another family's)
+                elif mine and sized_claim(r, carried.get(r, []), only_free=True):
                     pass
                 elif (got := next((n for n in mine if free(n, r)), None)) is not None:
                     claim(r, got, True)
