@@ -204,7 +204,9 @@ class Request:
             return 0.0
         g = self.graph
         tt = g.tensors[r.tensor]
-        key = (tt.shape, tt.dtype, a, b, r.boundary)
+        # a state tensor's (or a scalar's) collectives combine with the others of their kind
+        # (Machine.combinable): a weight and an activation of one shape had shared one cost
+        key = (tt.shape, tt.dtype, a, b, r.boundary, self.machine.combinable(tt))
         v = self._read_cost.get(key)
         if v is None:
             charge(Clock.READ_COST_S * self._log_devices)
