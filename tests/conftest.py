@@ -18,3 +18,33 @@ def load_model(name: str, **options) -> al.Workload:
 @pytest.fixture(scope="session")
 def gpt_graph() -> al.Graph:
     return al.trace(load_model("gpt"))
+
+
+def check_request_prices_like_price(wl: al.Workload, g: al.Graph, hw, choices: int, seed: int):
+    """For ``choices`` random layouts of ``g`` on a 2 x 4 mesh of ``hw``: the search's request
+    says the step time and memory ``price`` says, and ``price``'s reuse of the costs of ops
+    alike equals pricing each op alone (the cost caches key on everything a cost reads)."""
+    import random
+
+    from autolayout.cost_models import donated_inputs, price
+    from autolayout.search import liveness
+    from autolayout.search import request as rq
+    from autolayout.search import structure as st_mod
+
+    donated = donated_inputs(wl, g)
+    st = st_mod.analyse(g, share=True, donated=donated,
+                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
+                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    req = rq.build(st, hw, {"a": 2, "b": 4})
+    rnd = random.Random(seed)
+    for _ in range(choices):
+        choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
+        layouts, assigns = req.layouts_of(choice), req.assigns_of(choice)
+        args = (g, hw, req.machine.mesh, layouts, lambda op, groups, a=assigns: list(a[op.name]))
+        fast = price(*args, donated=donated)["predicted"]
+        assert price(*args, donated=donated, reuse=False)["predicted"] == fast
+        assert req.objective(choice) == pytest.approx(fast["step_time_s"], rel=1e-9)
+        assert liveness.memory_peak(req, choice)[0] == fast["memory_bytes_per_device"]
+        # the array walk finds the same peak at the same point as liveness_peak itself
+        arrays = liveness._Liveness(req.structure).peak(req, choice)
+        assert arrays == liveness.memory_peak_walk(req, choice) == liveness.memory_peak(req, choice)

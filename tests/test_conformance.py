@@ -2,7 +2,8 @@
 every entry of ``experiments/models/catalogue/`` (each Hugging Face Flax head class of
 ``transformers`` 4.x for causal LM, seq2seq, masked LM and image classification; each
 ``keras.applications`` family; Equinox's and Flax NNX's example models) traced with no opaque
-op and no dim named by an op id or a layer index (``bad_names`` of ``test_names.py``).
+op and no dim named by an op id or a layer index (``bad_names`` of ``test_names.py``), and
+searched at the price it is evaluated at (random layouts on h100-8).
 
 Planned (``al.plan``, cpu-8, a 1 s deterministic budget), validated against XLA
 (``al.validate``: every checked row within its tolerance, no opaque op priced) and run two
@@ -41,6 +42,7 @@ import catalogue  # noqa: E402
 from test_names import bad_names, instance_named  # noqa: E402
 
 from autolayout.runtime.run import reference_losses, run  # noqa: E402
+from conftest import check_request_prices_like_price  # noqa: E402
 
 ENTRIES = catalogue.ENTRIES
 # one per family (causal LM, masked LM, seq2seq, image and sequence classification) and one
@@ -119,6 +121,16 @@ def test_a_tiny_entry_names_no_dim_by_an_op_id_or_a_layer_index(name):
     # by one instance of a repeated module: 41 dims of 6 entries before (Keras's
     # batch_normalization_74_beta); these where the plain name is another family's too
     assert instance_named(g) == INSTANCE_NAMED.get(name, []), f"{name}: {list(g.dims)}"
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_an_entry_is_searched_at_the_price_it_is_evaluated(name):
+    """What the search's request says of random layouts of a tiny entry on a GPU (kernel
+    overheads, combined collectives) equals ``price``'s, which equals pricing each op alone:
+    the cost caches key on everything a cost reads (Marian, OPT, Pegasus and the
+    EfficientNets had been searched up to 1% off what their plans were priced at)."""
+    check_request_prices_like_price(ENTRIES[name].build("tiny"), _graph(name),
+                                    al.hardware("h100-8"), choices=2, seed=3)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVES)

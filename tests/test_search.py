@@ -23,6 +23,7 @@ from autolayout.search import seeds as seeding
 from autolayout.search import structure as st_mod
 from autolayout.search.clock import WORK_SHARE
 from autolayout.search.meshes import factorisations, mesh_shapes
+from conftest import check_request_prices_like_price
 
 MODELS = "experiments/models"
 
@@ -131,25 +132,7 @@ def test_request_prices_like_evaluate(model, opts, hw_name):
     ``price``'s reuse of the costs of ops alike equals pricing each op alone."""
     hw = al.hardware(hw_name)
     wl = al.load_workload(f"{MODELS}/{model}.py", target=hw, **opts)
-    g = al.trace(wl)
-    donated = donated_inputs(wl, g)
-    st = st_mod.analyse(g, share=True, donated=donated,
-                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
-    req = rq.build(st, hw, {"a": 2, "b": 4})
-    rnd = random.Random(1)
-    for _ in range(3):
-        choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]
-        p = priced(g, hw, req, choice, donated)
-        layouts, assigns = req.layouts_of(choice), req.assigns_of(choice)
-        alone = price(g, hw, req.machine.mesh, layouts, lambda op, groups, a=assigns: list(a[op.name]),
-                      donated=donated, reuse=False)["predicted"]  # fmt: skip
-        assert alone == p
-        assert req.objective(choice) == pytest.approx(p["step_time_s"], rel=1e-9)
-        assert liveness.memory_peak(req, choice)[0] == p["memory_bytes_per_device"]
-        # the array walk finds the same peak at the same point as liveness_peak itself
-        arrays = liveness._Liveness(req.structure).peak(req, choice)
-        assert arrays == liveness.memory_peak_walk(req, choice) == liveness.memory_peak(req, choice)
+    check_request_prices_like_price(wl, al.trace(wl), hw, choices=3, seed=1)
 
 
 @pytest.mark.parametrize(
