@@ -80,6 +80,7 @@ class Read:
     readers: list[tuple[int, list[int]]]  # (node, wanted layout id per strategy)
     count: float  # copies a step: identical tensors x trips
     boundary: Any = None
+    kind: Any = None  # what its copies' costs read beside the layouts (Request.read_cost)
 
 
 @dataclass
@@ -202,13 +203,17 @@ class Request:
         boundary: of handing layout ``a`` over to a tensor laid out ``b``)."""
         if a == b and r.boundary is None:
             return 0.0
-        g = self.graph
-        tt = g.tensors[r.tensor]
-        # a state tensor's (or a scalar's) collectives combine with the others of their kind
-        # (Machine.combinable): a weight and an activation of one shape had shared one cost
-        key = (tt.shape, tt.dtype, a, b, r.boundary, self.machine.combinable(tt))
+        kind = r.kind
+        if kind is None:
+            tt = self.graph.tensors[r.tensor]
+            # a state tensor's (or a scalar's) collectives combine with the others of their
+            # kind (Machine.combinable): a weight and an activation of one shape had shared a cost
+            kind = r.kind = (tt.shape, tt.dtype, r.boundary, self.machine.combinable(tt))
+        key = (kind, a, b)
         v = self._read_cost.get(key)
         if v is None:
+            g = self.graph
+            tt = g.tensors[r.tensor]
             charge(Clock.READ_COST_S * self._log_devices)
             if r.boundary is None:
                 comms = reshard(self.machine, tt, self.layouts[a], self.layouts[b])
