@@ -82,9 +82,7 @@ def run_case(label, model, options, hw_name, shape, iterations: int) -> dict:
     mesh = dict(zip("ab", shape, strict=True))
     plan = al.plan(wl, hw, mesh=mesh)
     g = al.trace(wl)
-    st = st_mod.analyse(g, share=True, donated=donated_inputs(wl, g),
-                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    st = st_mod.analyse_on(g, hw, donated=donated_inputs(wl, g))
     req = rq.build(st, hw, mesh)
     row = {"case": label, "plan_step_s": plan.predicted["step_time_s"],
            "per_op_bound_s": req.lower_bound(), "pairs": req.size()}  # fmt: skip

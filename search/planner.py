@@ -78,7 +78,7 @@ from .pipeline import plan_pipelined, rank
 from .refine import FULL_LIMIT, least_memory, refine
 from .request import build
 from .seeds import ShapeResult, _score, seeds
-from .structure import analyse
+from .structure import analyse_on
 
 AS_WRITTEN = "as_written"  # a nested search plans the step it is given, as it is
 # remat="auto"'s first search: the clock time by which the step as written must have a fitting
@@ -547,13 +547,7 @@ def _plan(workload, hw, mesh, memory_limit, time_limit_s, share, graph, progress
     limit = int(memory_limit if memory_limit is not None else hw.hbm_limit_bytes)
     donated = donated_inputs(workload, graph)
     ta = time.perf_counter()
-    st = analyse(
-        graph,
-        share=share,
-        donated=donated,
-        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-        barriers=hw.efficiency.remat_barriers,
-    )
+    st = analyse_on(graph, hw, share=share, donated=donated)
     charge(Clock.ANALYSE_OP_S * len(graph.ops))
     c.mark("analyse")
     shapes = [check_mesh(hw, mesh)] if mesh is not None else mesh_shapes(hw)

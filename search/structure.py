@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from autolayout.core import ELEMENTWISE, Graph, Op, op_index
+from autolayout.core import ELEMENTWISE, Graph, Hardware, Op, op_index
 from autolayout.cost_models import (
     LOOP_OPS,
     Group,
@@ -374,3 +374,13 @@ def analyse(
 
 
 # --- the request on one mesh ------------------------------------------------------------------
+
+
+def analyse_on(
+    g: Graph, hw: Hardware, *, share: bool = True, donated: Sequence[str] = ()
+) -> Structure:
+    """:func:`analyse` as the planner runs it for ``hw``: its profile's scan-stack and remat
+    barrier behaviour (``efficiency.scan_stacks_at_start``, ``efficiency.remat_barriers``)."""
+    return analyse(g, share=share, donated=donated,
+                   stacks_at_start=hw.efficiency.scan_stacks_at_start,
+                   barriers=hw.efficiency.remat_barriers)  # fmt: skip

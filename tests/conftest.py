@@ -32,10 +32,7 @@ def check_request_prices_like_price(wl: al.Workload, g: al.Graph, hw, choices: i
     from autolayout.search import structure as st_mod
 
     donated = donated_inputs(wl, g)
-    st = st_mod.analyse(g, share=True, donated=donated,
-                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
-    req = rq.build(st, hw, {"a": 2, "b": 4})
+    req = rq.build(st_mod.analyse_on(g, hw, donated=donated), hw, {"a": 2, "b": 4})
     rnd = random.Random(seed)
     for _ in range(choices):
         choice = [rnd.choice(req.allowed(n)) for n in range(len(req.nodes))]

@@ -50,9 +50,7 @@ def _request(model: str, hw_name: str, shape_index: int, **options):
     hw = al.hardware(hw_name)
     wl = load_model(model, target=hw, **options)
     g = al.trace(wl)
-    st = st_mod.analyse(g, share=True, donated=donated_inputs(wl, g),
-                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    st = st_mod.analyse_on(g, hw, donated=donated_inputs(wl, g))
     return rq.build(st, hw, mesh_shapes(hw)[shape_index])
 
 
@@ -157,9 +155,7 @@ def test_a_shape_whose_lp_bound_is_within_the_gap_is_not_searched():
     p = al.plan(wl, "tpu-v4-8", time_limit_s=10)
     g = al.trace(wl)
     hw = al.hardware("tpu-v4-8")
-    st = st_mod.analyse(g, share=True, donated=donated_inputs(wl, g),
-                        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                        barriers=hw.efficiency.remat_barriers)  # fmt: skip
+    st = st_mod.analyse_on(g, hw, donated=donated_inputs(wl, g))
     step, gap = p.predicted["step_time_s"], p.solver["gap_limit"]
     pruned = [r for r in p.solver["mesh_shapes_tried"] if r["status"] == "PRUNED"]
     assert len(pruned) >= 1, p.solver["mesh_shapes_tried"]

@@ -322,8 +322,8 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         axes = [r for a in range(len(b.shapes[t])) if (r := root[b.key(t, a)]) >= 0]
         if len(axes) < 2:
             continue
+        ns = path_names(plain.get(b.paths[t] or "", ""))[:1]
         for k, r in enumerate(reversed(axes[-2:])):
-            ns = path_names(plain.get(b.paths[t] or "", ""))[:1]
             carried.setdefault(r, []).extend(n if k == 0 else f"{n}_in" for n in ns)
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
