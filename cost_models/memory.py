@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, per_graph
+from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, hoisted_extent, per_graph
 
 from .sharding import fused_ops
 
@@ -222,7 +222,12 @@ def lifetimes(
             if t in inputs or t in aliased or t in source or tt.role == "input" or tt.host:
                 continue  # (a value in host memory takes no HBM)
             first = 0 if stacks is not None and k >= stacks else born
-            out.append((t, first, max(last.get(t, i), i)))  # never read: freed right after
+            end = max(last.get(t, i), i)  # never read: freed right after
+            hoisted = hoisted_extent(g, i if order is None else order[i], t)
+            if hoisted is not None:  # made outside the loops it leaves: alive through them
+                lo, hi = out.span(*hoisted)
+                first, end = min(first, lo), max(end, hi)
+            out.append((t, first, end))
     out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]
     return out
 

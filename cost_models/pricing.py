@@ -7,7 +7,16 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autolayout.core import Graph, Hardware, local_bytes, loop_links, op_index, per_graph
+from autolayout.core import (
+    Graph,
+    Hardware,
+    hoisted_extent,
+    local_bytes,
+    loop_links,
+    made_at,
+    op_index,
+    per_graph,
+)
 
 from .compute import peak_flops
 from .memory import aliased_outputs, liveness_peak
@@ -61,6 +70,7 @@ def price(
     given = assign_of if isinstance(assign_of, Mapping) else None
     index = op_index(g)
     spans: dict[tuple, list[int]] = {}  # (tensor, layout) read in another layout: op span
+    made = made_at(g)
     for op in g.ops:
         if op.primitive in LOOP_OPS:  # its body's ops carry the cost
             continue
@@ -75,12 +85,13 @@ def price(
         else:  # groups are made only for the first op of each key
             assign = given[op.name] if given is not None else assign_of(op, op_groups(g, op))
             c, read = _op_cost_alike(m, g, op, kind, assign, layouts, resharded, free, fused, alike)
-        costs.append(c)
+        costs += _hoisted_copies(c, made) if op.trip_count > 1 else [c]
         if read:
             i = index[op.name]
-            for key in read:
-                span = spans.setdefault(key, [i, i])
-                span[1] = i
+            for key in read:  # a copy hoisted out of a loop lives through it
+                lo, hi = hoisted_extent(g, i, key[0]) or (i, i)
+                span = spans.setdefault(key, [lo, hi])
+                span[0], span[1] = min(span[0], lo), max(span[1], hi)
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
     comm = sum(c.comm_s * c.op.trip_count for c in costs)
@@ -173,7 +184,7 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
     comms: list = []
     for pos, _, made_as, cc in copies:
         t = ins[pos]
-        k = (t, made_as, op.trip_count)
+        k = (t, made_as, made_at(g)[t])
         if k in resharded:
             continue
         resharded.add(k)
@@ -189,6 +200,25 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
         {t: c0.produced[t0] for t, t0 in zip(outs, outs0, strict=True)},
         c0.partial, c0.flops, c0.bytes, c0.compute_s, comms,
     ), reads  # fmt: skip
+
+
+def _hoisted_copies(c: OpCost, made: Mapping[str, int]) -> list[OpCost]:
+    """``c``, with the collectives on the inputs its loop's iterations share (made fewer times
+    than the op runs) moved to rows of their own, run as often as those inputs are made."""
+    op = c.op
+    early = {t for t in op.inputs if made[t] < op.trip_count}
+    if not early or not any(x.tensor in early for x in c.comms):
+        return [c]
+    rows: dict[int, list[Comm]] = {}
+    for x in c.comms:
+        if x.tensor in early:
+            rows.setdefault(made[x.tensor], []).append(x)
+    kept = [x for x in c.comms if x.tensor not in early]
+    out = [dataclasses.replace(c, comms=kept)]
+    for trips, comms in rows.items():
+        moved = dataclasses.replace(op, trip_count=trips)
+        out.append(OpCost(moved, {}, {}, {}, (), 0.0, 0.0, 0.0, comms))
+    return out
 
 
 def _copied(op, c: OpCost, layouts, free) -> list[tuple[str, Any]]:

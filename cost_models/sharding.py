@@ -42,6 +42,7 @@ from autolayout.core import (
     attention_axes,
     local_bytes,
     local_shape,
+    made_at,
     per_graph,
     replicated,
     split_factor,
@@ -886,7 +887,8 @@ def op_cost(
 
     ``resharded`` collects ``(tensor, layout, trips)`` of the copies made so far: XLA keeps one
     copy of a tensor per layout (common subexpressions merge, so FSDP's weights are gathered
-    once for the forward, the backward and any recomputation). Tensors in ``free`` (splats, iotas) are
+    once for the forward, the backward and any recomputation), made as often as the tensor
+    is (``made_at``: a loop's invariant is copied outside it). Tensors in ``free`` (splats, iotas) are
     re-made in any layout at no cost.
     """
     wanted, produced, partial = layouts_of(g, op, groups, assign)
@@ -895,7 +897,7 @@ def op_cost(
         tt = g.tensors[t]
         w = copy_layout(m, tt, layouts[t], wanted[t])
         if resharded is not None:
-            key = (t, w, op.trip_count)
+            key = (t, w, made_at(g)[t])
             if key in resharded:
                 continue
             resharded.add(key)

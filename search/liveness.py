@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autolayout.core import local_bytes
+from autolayout.core import hoisted_extent, local_bytes
 from autolayout.cost_models import (
     liveness_peak,
 )
@@ -134,12 +134,12 @@ class _Liveness:
                 r_tensor.append(ti)
                 r_kind.append(k)
                 r_want.append(w)
-                r_at.append(i)
+                r_at.append(hoisted_extent(g, i, t) or (i, i))  # a loop's invariant: through it
         self.r_tensor = np.array(r_tensor, dtype=np.int64)
         self.r_shape = np.array(read_shape, dtype=np.int64)[self.r_tensor]
         self.r_kind = np.array(r_kind, dtype=np.int64)
         self.r_want = np.array(r_want, dtype=np.int64)
-        self.r_at = np.array(r_at, dtype=np.int64)
+        self.r_at = np.array(r_at, dtype=np.int64).reshape(-1, 2)
         self.n = len(g.ops)
         # a copy's first and last reader (program indices) -> schedule positions (Lifetimes.span)
         position = getattr(lives, "position", None)
@@ -178,8 +178,8 @@ class _Liveness:
                 uniq, inv = np.unique(self.r_tensor[moved] * span + w, return_inverse=True)
                 first = np.full(len(uniq), self.n, dtype=np.int64)
                 last = np.zeros(len(uniq), dtype=np.int64)
-                np.minimum.at(first, inv, at)
-                np.maximum.at(last, inv, at)
+                np.minimum.at(first, inv, at[:, 0])
+                np.maximum.at(last, inv, at[:, 1])
                 if self.position is not None:  # as Lifetimes.span
                     a, b = self.position[first], self.position[last]
                     first, last = np.minimum(self.made[first], b), np.maximum(a, b)
@@ -230,11 +230,12 @@ def memory_peak_walk(req: Request, choice: Sequence[int]) -> tuple[int, int]:
             k = st.node_of[r]
             w = req.nodes[k].wanted[pos][choice[k]]
             if w != src:
+                lo, hi = hoisted_extent(g, i, t) or (i, i)  # a loop's invariant: through it
                 sp = spans.get(w)
                 if sp is None:
-                    spans[w] = [i, i]
+                    spans[w] = [lo, hi]
                 else:
-                    sp[0], sp[1] = min(sp[0], i), max(sp[1], i)
+                    sp[0], sp[1] = min(sp[0], lo), max(sp[1], hi)
         copies += [(a, b, req.local_bytes(t, w)) for w, (a, b) in spans.items()]
     mem = liveness_peak(g, nbytes, copies=copies, lives=st.lifetimes)
     if mem.peak_op is None:

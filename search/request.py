@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autolayout.core import Graph, Hardware, Layout, Op, local_bytes
+from autolayout.core import Graph, Hardware, Layout, Op, local_bytes, made_at
 from autolayout.cost_models import (
     Group,
     Machine,
@@ -474,8 +474,9 @@ def _read_groups(st: Structure) -> list[tuple[str, Any, float, Any]]:
     merged: dict[tuple, list] = {}
     for t, rs in st.reads:
         by_trip: dict[int, list[tuple[int, int]]] = {}
+        made = made_at(g)[t]  # a loop's invariant is copied outside the loop
         for r, pos, _ in rs:
-            by_trip.setdefault(st.ops[r].trip_count, []).append((st.node_of[r], pos))
+            by_trip.setdefault(min(st.ops[r].trip_count, made), []).append((st.node_of[r], pos))
         r0 = st.root[t]
         tt = g.tensors[t]
         for trips, lst in by_trip.items():

@@ -88,16 +88,22 @@ def test_validate_accumulated_collectives_within_10_percent(gpt, mesh, rules):
     assert ((rows["ratio"] - 1).abs() <= 0.10).all(), v.to_string()
 
 
-@pytest.mark.xfail(strict=True, reason="XLA:CPU hoists the loop-invariant gathers of the "
-                   "weights outside the layer scan out of the microbatch loop (once, not k "
-                   "times): all-gather 0.87x of the prediction at k=2, 0.81x at k=4")  # fmt: skip
-def test_validate_accumulated_fsdp_gathers(gpt):
-    wl, _ = gpt
-    p = al.evaluate(accumulate(wl, 2), "cpu-8", mesh={"fsdp": 8},
-                    rules={"batch": "fsdp", "d_model": "fsdp"})  # fmt: skip
-    v = al.validate(p, wl)
-    row = v[v["quantity"] == "all-gather"].iloc[0]
-    assert abs(row["ratio"] - 1) <= 0.10, v.to_string()
+@pytest.mark.parametrize("layers", [1, 2])
+def test_validate_accumulated_fsdp_gathers(layers):
+    """XLA hoists what a scan's iterations share out of it: FSDP's gathers of the weights the
+    microbatch loop reads whole are made once a step (a one-layer stack's scan is one
+    iteration, so its weights are shared too), not once a microbatch, and the gathered
+    copies live through the loop (they were 2x the prediction at k=2, the memory 1.98x at
+    k=4)."""
+    wl = load_model("gpt", **{**GPT, "layers": layers})
+    for k in (2, 4):
+        p = al.evaluate(accumulate(wl, k), "cpu-8", mesh={"fsdp": 8},
+                        rules={"batch": "fsdp", "d_model": "fsdp"})  # fmt: skip
+        v = al.validate(p, wl).set_index("quantity")
+        gathers = v.loc["all-gather"]
+        assert abs(gathers["ratio"] - 1) <= 0.02, v.to_string()
+        assert gathers["predicted_count"] == gathers["compiled_count"], v.to_string()
+        assert v.loc["memory", "ratio"] < 1.4, v.to_string()
 
 
 def test_refusals_in_one_line(gpt):

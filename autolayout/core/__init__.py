@@ -45,7 +45,9 @@ from ._ir import Op as Op
 from ._ir import Tensor as Tensor
 from ._ir import base_name as base_name
 from ._ir import check_graph as check_graph
+from ._ir import hoisted_extent as hoisted_extent
 from ._ir import loop_links as loop_links
+from ._ir import made_at as made_at
 from ._ir import model_named as model_named
 from ._ir import op_index as op_index
 from ._ir import per_graph as per_graph

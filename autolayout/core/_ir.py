@@ -21,7 +21,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -260,6 +260,114 @@ def loop_links(g: Graph) -> tuple[dict[str, str], dict[str, str]]:
         for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
             body[o] = b
     return outer, body
+
+
+# ops a loop-invariant code motion leaves where they are: control flow, effects, transfers
+_STAYS = frozenset({"scan", "while", "cond", "device_put", "optimization_barrier", "rng_uniform",
+                    "io_callback", "debug_callback", "pure_callback"})  # fmt: skip
+
+
+def invariant_levels(ops: Iterable[Op]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(runs, made)``: how many times a step each op runs and each tensor is made once
+    XLA hoists what a scan's iterations share out of it (``WhileLoopInvariantCodeMotion``):
+    an op of a scan body whose inputs are all made outside that scan (its constants, a carry
+    the body hands on unchanged, a slice or a result of a one-iteration scan, or ops of those
+    alone) runs
+    as often as they are made; so does a copy of such an input into another layout (FSDP's
+    weights gathered in a microbatch loop: once a step, measured on XLA:CPU). ``ops`` in
+    program order (a loop's body before the loop); tensors no op makes are made once."""
+    ops = list(ops)
+    outer: dict[
+        str, tuple[str | None, int]
+    ] = {}  # body input -> (the outer tensor it is, or its trips)
+    for op in ops:
+        if op.primitive != "scan":
+            continue
+        n = int(op.param("length", 1))
+        changed = {b for _, b in op.param("carries", ())}
+        scanned = set(op.param("scanned_inputs", ()))
+        for o, b in op.param("body_inputs", ()):
+            same = b not in changed and (b not in scanned or n == 1)
+            outer[b] = (o, 0) if same else (None, op.trip_count * max(n, 1))
+
+    made: dict[str, int] = {}
+
+    def level(t: str) -> int:
+        v = made.get(t)
+        if v is None:
+            o, trips = outer.get(t, (None, 1))
+            v = made[t] = level(o) if o is not None else trips
+        return v
+
+    runs: dict[str, int] = {}
+    for op in ops:
+        trips = op.trip_count
+        if not op.inputs:  # a constant or an iota: hoisted along with what it feeds
+            for t in op.outputs:
+                made[t] = 1
+            runs[op.name] = trips
+            continue
+        if (
+            op.primitive not in _STAYS
+            and trips > 1
+            and not any(s.startswith(("cond.", "while.")) for s in op.scope)
+        ):
+            trips = min(trips, max(level(t) for t in op.inputs))
+        runs[op.name] = trips
+        for t in op.outputs:
+            made[t] = trips
+        if op.primitive == "scan" and int(op.param("length", 1)) == 1:  # its body's results
+            for o, b in zip(op.outputs, op.param("body_outputs", ()), strict=False):
+                made[o] = min(trips, level(b))
+    for op in ops:
+        for t in op.inputs:
+            level(t)
+    return runs, made
+
+
+def hoisted(ops: Iterable[Op]) -> tuple[Op, ...]:
+    """``ops`` with each one's ``trip_count`` as often as it runs once XLA hoists what a
+    scan's iterations share (:func:`invariant_levels`)."""
+    ops = tuple(ops)
+    runs, _ = invariant_levels(ops)
+    return tuple(op if runs[op.name] == op.trip_count else replace(op, trip_count=runs[op.name])
+                 for op in ops)  # fmt: skip
+
+
+@per_graph
+def made_at(g: Graph) -> dict[str, int]:
+    """How many times a step each tensor is made (:func:`invariant_levels`): a copy of it
+    into another layout is made as often, wherever it is read."""
+    return invariant_levels(g.ops)[1]
+
+
+@per_graph
+def _scan_extents(g: Graph) -> dict[str, tuple[int, int, int]]:
+    """Each scan's ``(first body op, the scan op, its body's trips)`` in program indices."""
+    index = op_index(g)
+    out = {}
+    for lp in g.loops:
+        if lp.kind == "scan" and lp.ops:
+            op = g.ops[index[lp.name]]
+            out[lp.name] = (index[lp.ops[0]], index[lp.name], op.trip_count * max(lp.length, 1))
+    return out
+
+
+def hoisted_extent(g: Graph, i: int, t: str) -> tuple[int, int] | None:
+    """Where tensor ``t`` (or its copy), written or read by the op at program index ``i``,
+    is alive when XLA hoists it out of the scans around that op (:func:`made_at`): the whole
+    of the outermost scan it leaves, from its first body op to the scan op; ``None`` for a
+    tensor made in every iteration."""
+    op = g.ops[i]
+    if op.trip_count == 1 and not op.scope:
+        return None
+    made = made_at(g)[t]
+    extents = _scan_extents(g)
+    for s in op.scope:
+        e = extents.get(s)
+        if e is not None and e[2] > made:
+            return e[0], e[1]
+    return None
 
 
 class GraphInvariantError(AssertionError):

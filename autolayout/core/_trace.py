@@ -35,7 +35,7 @@ from jax.extend.core import Literal
 from ._builder import _Builder
 from ._dim_rules import DIM_RULES, Opaque, storage_dtype
 from ._errors import TraceError, WorkloadError
-from ._ir import Graph, Loop, Tensor
+from ._ir import Graph, Loop, Tensor, hoisted
 from ._naming import _eliminate_dead, _name_dims
 from ._workload import _TARGET, Spec, Workload, path_str
 
@@ -304,6 +304,7 @@ def _scan(b: _Builder, eqn: Any, ins: list[int | None]) -> list[int]:
     params = {"length": length, "reverse": bool(p["reverse"]), "num_consts": nc, "num_carry": nk}
     params["body_outputs"] = tuple(f"t{t}" for t in body_out)
     params["aliased_inputs"] = tuple(f"t{t}" for t in ins[:nc] if t is not None)
+    params["scanned_inputs"] = tuple(f"t{t}" for t in body_in[nc + nk :] if t is not None)
     # (outer input, body input) pairs of the carries and scanned inputs
     params["body_inputs"] = tuple(
         (f"t{t}", f"t{bt}")
@@ -581,7 +582,7 @@ def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dic
         )
     graph = Graph(
         name=workload.name,
-        ops=tuple(b.ops),
+        ops=hoisted(b.ops),
         tensors=tensors,
         dim_info=dims,
         inputs=tuple(f"t{t}" for t in ins),
