@@ -249,11 +249,13 @@ def analyse(
     merge: bool = True,
     stacks_at_start: bool = False,
     barriers: bool = True,
+    select_and_scatter_expanded: bool = False,
+    weight_gradient_copies: bool = False,
 ) -> Structure:
     """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent);
-    ``merge=False`` keeps every op a decision of its own (no followers); ``stacks_at_start``
-    and ``barriers`` as :func:`~autolayout.cost_models.memory.lifetimes` takes them (the
-    hardware's)."""
+    ``merge=False`` keeps every op a decision of its own (no followers); ``stacks_at_start``,
+    ``barriers``, ``select_and_scatter_expanded`` and ``weight_gradient_copies`` as
+    :func:`~autolayout.cost_models.memory.lifetimes` takes them (the hardware's)."""
     free = free_tensors(g)
     fused = fused_ops(g)
     index = op_index(g)
@@ -368,7 +370,7 @@ def analyse(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
         root=root, followers=followers, reads=reads,
         boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
-        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers),
+        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers, select_and_scatter_expanded, weight_gradient_copies),
         index=index, share=share, ops=ops,
     )  # fmt: skip
 
@@ -379,8 +381,12 @@ def analyse(
 def analyse_on(
     g: Graph, hw: Hardware, *, share: bool = True, donated: Sequence[str] = ()
 ) -> Structure:
-    """:func:`analyse` as the planner runs it for ``hw``: its profile's scan-stack and remat
-    barrier behaviour (``efficiency.scan_stacks_at_start``, ``efficiency.remat_barriers``)."""
+    """:func:`analyse` as the planner runs it for ``hw``: its profile's scan-stack, remat
+    barrier and lowering behaviour (``efficiency.scan_stacks_at_start``,
+    ``efficiency.remat_barriers``, ``efficiency.select_and_scatter_expanded``,
+    ``efficiency.weight_gradient_copies``)."""
+    e = hw.efficiency
     return analyse(g, share=share, donated=donated,
-                   stacks_at_start=hw.efficiency.scan_stacks_at_start,
-                   barriers=hw.efficiency.remat_barriers)  # fmt: skip
+                   stacks_at_start=e.scan_stacks_at_start, barriers=e.remat_barriers,
+                   select_and_scatter_expanded=e.select_and_scatter_expanded,
+                   weight_gradient_copies=e.weight_gradient_copies)  # fmt: skip

@@ -85,6 +85,19 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "drops it and runs the recomputation as early as its inputs allow)",
             False,
         ),
+        "select_and_scatter_expanded": (
+            "bool",
+            "the compiler expands a max-pool's gradient (select-and-scatter) into an argmax "
+            "in the forward pass (an int32 iota per dim of the operand, int32 indices per dim "
+            "of the result) and a scatter into zeros allocated at the step's start",
+            False,
+        ),
+        "weight_gradient_copies": (
+            "bool",
+            "a 1-D or 2-D convolution's weight gradient reads transposed copies of its "
+            "operands, each made where the value is written",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -190,6 +203,8 @@ class Efficiency:
     scan_stack_passes: float = 0.0  # HBM passes over residuals a scan stacks for a later loop
     scan_stacks_at_start: bool = False  # every scan's stacked outputs allocated at the start
     remat_barriers: bool = True  # a remat region's barrier reaches the scheduler
+    select_and_scatter_expanded: bool = False  # max-pool gradients: argmax + scatter (XLA:CPU)
+    weight_gradient_copies: bool = False  # 1-D/2-D conv weight gradients read copies
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -301,6 +316,14 @@ class Hardware:
         if not e.remat_barriers:
             lines.append(
                 "  memory       remat barriers dropped: recomputation runs as early as it can"
+            )
+        if e.select_and_scatter_expanded:
+            lines.append(
+                "  memory       max-pool gradients as an argmax and a scatter (int32 indices)"
+            )
+        if e.weight_gradient_copies:
+            lines.append(
+                "  memory       convolutions' weight gradients read copies of their operands"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -555,6 +578,7 @@ def _build(
         e.get("attention"), e.get("attention_call_s", 0.0), e.get("conv3d"),
         e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
         e.get("scan_stacks_at_start", False), e.get("remat_barriers", True),
+        e.get("select_and_scatter_expanded", False), e.get("weight_gradient_copies", False),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
