@@ -11,6 +11,7 @@ from autolayout.core import (
     Graph,
     Hardware,
     hoisted_extent,
+    hoisted_from,
     local_bytes,
     loop_links,
     made_at,
@@ -88,9 +89,9 @@ def price(
         costs += _hoisted_copies(c, made) if op.trip_count > 1 else [c]
         if read:
             i = index[op.name]
-            for key in read:  # a copy hoisted out of a loop lives through it
+            for key in read:  # a copy hoisted out of a loop lives through it, one a loop
                 lo, hi = hoisted_extent(g, i, key[0]) or (i, i)
-                span = spans.setdefault(key, [lo, hi])
+                span = spans.setdefault((*key, hoisted_from(g, i, key[0])), [lo, hi])
                 span[0], span[1] = min(span[0], lo), max(span[1], hi)
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
@@ -99,7 +100,7 @@ def price(
     flops = sum(c.flops * c.op.trip_count for c in costs)
     model_flops = _model_flops(g)
     nbytes = _bytes_of(g, mesh)
-    copies = [(a, b, nbytes(t, w)) for (t, w), (a, b) in spans.items()]
+    copies = [(a, b, nbytes(t, w)) for (t, w, _), (a, b) in spans.items()]
     mem = liveness_peak(
         g,
         lambda t: nbytes(t, layouts[t]),
@@ -186,7 +187,7 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
     comms: list = []
     for pos, _, made_as, cc in copies:
         t = ins[pos]
-        k = (t, made_as, made_at(g)[t])
+        k = (t, made_as, made_at(g)[t], hoisted_from(g, op_index(g)[op.name], t))
         if k in resharded:
             continue
         resharded.add(k)

@@ -40,9 +40,11 @@ from autolayout.core import (
     Op,
     Tensor,
     attention_axes,
+    hoisted_from,
     local_bytes,
     local_shape,
     made_at,
+    op_index,
     per_graph,
     replicated,
     split_factor,
@@ -897,7 +899,7 @@ def op_cost(
         tt = g.tensors[t]
         w = copy_layout(m, tt, layouts[t], wanted[t])
         if resharded is not None:
-            key = (t, w, made_at(g)[t])
+            key = (t, w, made_at(g)[t], hoisted_from(g, op_index(g)[op.name], t))
             if key in resharded:
                 continue
             resharded.add(key)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autolayout.core import hoisted_extent, local_bytes
+from autolayout.core import hoisted_extent, hoisted_from, local_bytes
 from autolayout.cost_models import (
     liveness_peak,
 )
@@ -116,7 +116,8 @@ class _Liveness:
         shapes: dict[tuple, int] = {}
         self.shape_tensor: list[str] = []  # a tensor per (shape, dtype) read
         read_shape = []
-        r_tensor, r_kind, r_want, r_at = [], [], [], []
+        r_tensor, r_ti, r_kind, r_want, r_at = [], [], [], [], []
+        copy_ids: dict[tuple[int, str | None], int] = {}  # (read tensor, loop hoisted from)
         for ti, (t, rs) in enumerate(st.reads):
             tt = g.tensors[t]
             sc = shapes.get((tt.shape, tt.dtype))
@@ -131,12 +132,14 @@ class _Liveness:
                 if w is None:
                     w = wants[key] = len(self.wants)
                     self.wants.append(key)
-                r_tensor.append(ti)
+                loop = hoisted_from(g, i, t)  # a loop's invariant: one copy a loop, through it
+                r_tensor.append(copy_ids.setdefault((ti, loop), len(copy_ids)))
+                r_ti.append(ti)
                 r_kind.append(k)
                 r_want.append(w)
-                r_at.append(hoisted_extent(g, i, t) or (i, i))  # a loop's invariant: through it
+                r_at.append(hoisted_extent(g, i, t) or (i, i))
         self.r_tensor = np.array(r_tensor, dtype=np.int64)
-        self.r_shape = np.array(read_shape, dtype=np.int64)[self.r_tensor]
+        self.r_shape = np.array(read_shape, dtype=np.int64)[np.array(r_ti, dtype=np.int64)]
         self.r_kind = np.array(r_kind, dtype=np.int64)
         self.r_want = np.array(r_want, dtype=np.int64)
         self.r_at = np.array(r_at, dtype=np.int64).reshape(-1, 2)
@@ -224,19 +227,20 @@ def memory_peak_walk(req: Request, choice: Sequence[int]) -> tuple[int, int]:
 
     copies = []
     for t, rs in st.reads:
-        spans: dict[int, list[int]] = {}
+        spans: dict[tuple[int, str | None], list[int]] = {}
         src = maps[t][choice[root[t].node]]
         for r, pos, i in rs:
             k = st.node_of[r]
             w = req.nodes[k].wanted[pos][choice[k]]
-            if w != src:
-                lo, hi = hoisted_extent(g, i, t) or (i, i)  # a loop's invariant: through it
-                sp = spans.get(w)
+            if w != src:  # a loop's invariant: one copy a loop, alive through it
+                lo, hi = hoisted_extent(g, i, t) or (i, i)
+                key = (w, hoisted_from(g, i, t))
+                sp = spans.get(key)
                 if sp is None:
-                    spans[w] = [lo, hi]
+                    spans[key] = [lo, hi]
                 else:
                     sp[0], sp[1] = min(sp[0], lo), max(sp[1], hi)
-        copies += [(a, b, req.local_bytes(t, w)) for w, (a, b) in spans.items()]
+        copies += [(a, b, req.local_bytes(t, w)) for (w, _), (a, b) in spans.items()]
     mem = liveness_peak(g, nbytes, copies=copies, lives=st.lifetimes)
     if mem.peak_op is None:
         return mem.peak_bytes, 0

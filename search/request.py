@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autolayout.core import Graph, Hardware, Layout, Op, local_bytes, made_at
+from autolayout.core import Graph, Hardware, Layout, Op, hoisted_from, local_bytes, made_at
 from autolayout.cost_models import (
     Group,
     Machine,
@@ -473,14 +473,16 @@ def _read_groups(st: Structure) -> list[tuple[str, Any, float, Any]]:
     g = st.graph
     merged: dict[tuple, list] = {}
     for t, rs in st.reads:
-        by_trip: dict[int, list[tuple[int, int]]] = {}
-        made = made_at(g)[t]  # a loop's invariant is copied outside the loop
-        for r, pos, _ in rs:
-            by_trip.setdefault(min(st.ops[r].trip_count, made), []).append((st.node_of[r], pos))
+        by_trip: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
+        made = made_at(g)[t]  # a loop's invariant is copied outside the loop, one a loop
+        for r, pos, i in rs:
+            trips = (min(st.ops[r].trip_count, made), hoisted_from(g, i, t))
+            by_trip.setdefault(trips, []).append((st.node_of[r], pos))
         r0 = st.root[t]
         tt = g.tensors[t]
-        for trips, lst in by_trip.items():
-            key = ("read", r0.node, r0.out, r0.shift, tuple(sorted(lst)), trips, tt.shape, tt.dtype)
+        for (trips, loop), lst in by_trip.items():
+            key = ("read", r0.node, r0.out, r0.shift, tuple(sorted(lst)), trips, loop, tt.shape,
+                   tt.dtype)  # fmt: skip
             if key in merged:
                 merged[key][2] += trips
                 continue

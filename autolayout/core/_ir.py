@@ -353,11 +353,12 @@ def _scan_extents(g: Graph) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def hoisted_extent(g: Graph, i: int, t: str) -> tuple[int, int] | None:
-    """Where tensor ``t`` (or its copy), written or read by the op at program index ``i``,
-    is alive when XLA hoists it out of the scans around that op (:func:`made_at`): the whole
-    of the outermost scan it leaves, from its first body op to the scan op; ``None`` for a
-    tensor made in every iteration."""
+def hoisted_from(g: Graph, i: int, t: str) -> str | None:
+    """The outermost scan XLA hoists tensor ``t`` (or its copy) out of, where the op at
+    program index ``i`` writes or reads it (:func:`made_at`); ``None`` for a tensor made in
+    every iteration. Copies hoisted out of two loops are two (XLA:CPU gathers a weight an
+    ALBERT-style stack's forward and backward scans share twice, measured), alive through
+    their loops."""
     op = g.ops[i]
     if op.trip_count == 1 and not op.scope:
         return None
@@ -366,8 +367,17 @@ def hoisted_extent(g: Graph, i: int, t: str) -> tuple[int, int] | None:
     for s in op.scope:
         e = extents.get(s)
         if e is not None and e[2] > made:
-            return e[0], e[1]
+            return s
     return None
+
+
+def hoisted_extent(g: Graph, i: int, t: str) -> tuple[int, int] | None:
+    """Where tensor ``t`` (or its copy), written or read by the op at program index ``i``,
+    is alive when XLA hoists it out of the scans around that op (:func:`hoisted_from`): the
+    whole of that scan, from its first body op to the scan op; ``None`` for a tensor made
+    in every iteration."""
+    s = hoisted_from(g, i, t)
+    return None if s is None else _scan_extents(g)[s][:2]
 
 
 class GraphInvariantError(AssertionError):
