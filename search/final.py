@@ -53,7 +53,7 @@ def _axis_names(g: Graph, r: ShapeResult, layouts, assigns) -> dict[str, str]:
     def kind(d: str | None, weight: bool) -> str:
         if d is None:
             return "param" if weight else "act"
-        if d == batch:
+        if d == batch or base_name(d) == batch:
             return "batch"
         if d in space:
             return "space"

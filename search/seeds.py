@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autolayout.core import Graph, RuleError
+from autolayout.core import Graph, RuleError, base_name
 from autolayout.cost_models import RuleSet
 
 from .baselines import batch_dim, layouts_on
@@ -120,7 +120,8 @@ def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
         if (tt.path or "").startswith("batch"):
             tokens.update(d for d in tt.dims if d is not None)
     try:
-        tokens.discard(batch_dim(g))
+        batch = batch_dim(g)
+        tokens = {d for d in tokens if d != batch and base_name(d) != batch}
     except RuleError:
         pass
     choice = list(base)
@@ -142,7 +143,11 @@ def _expert_choice(req: Request, base: list[int]) -> list[int] | None:
             if any(grp.dim in tokens for grp in groups):
                 continue  # the gate, dispatch and combine stay on the batch split
             want = tuple(
-                experts if grp.dim == "experts" else rest if grp.dim == "batch" else ()
+                experts
+                if grp.dim == "experts"
+                else rest
+                if grp.dim and base_name(grp.dim) == "batch"
+                else ()
                 for grp in groups
             )
         idx = [s for s in node.by_assign.get(want, []) if s not in node.forbidden]

@@ -89,12 +89,15 @@ def test_auto_remat_fits_what_the_written_step_does_not_and_runs(tmp_path):
     limit = int(0.8 * least.summary()["memory_bytes_per_device"])
     p = al.plan(wl, "cpu-8", time_limit_s=3, deterministic=True, memory_limit=limit, remat="auto")
     rm = p.solver["remat"]
-    # tried: the step as written found no layout under the limit
-    assert rm["policy"] != "as_written" and rm["recompute_flops_per_device"] > 0
+    # tried: the step as written found no layout under the limit; the answer recomputes, or
+    # accumulates gradients where that is faster and fits (2 microbatches of 8 rows are, at
+    # 0.564 s against dots_saveable's 0.594, since the hand layouts split each microbatch)
+    acc = p.solver.get("accumulation", {}).get("microbatches", 1)
+    assert (rm["policy"] != "as_written" and rm["recompute_flops_per_device"] > 0) or acc > 1
     assert p.summary()["memory_bytes_per_device"] <= limit
     assert [t["policy"] for t in rm["tried"]] == list(remat_candidates(al.trace(wl), "cpu-8"))
     assert "dots_with_no_batch_dims_saveable" in rm["tried"][5]["policy"]  # naive attention
-    assert p.options["remat_policy"] == rm["policy"]
+    assert p.options.get("remat_policy", "as_written") == rm["policy"]
     # each policy searched in a share of the limit; the fastest that fits searched in full
     fitting = [t["step_time_s"] for t in rm["tried"] if t.get("fits")]
     assert fitting and p.predicted["step_time_s"] <= min(fitting) * (1 + 1e-9)
