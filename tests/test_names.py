@@ -18,6 +18,7 @@ from autolayout.core._roles import instance_free, path_name, resized_name
 MODELS = Path(__file__).resolve().parent.parent / "experiments/models"
 OP_ID = re.compile(r"\w+\.\d+:\d+|^t\d+:\d+")  # iota.130:2, t66:0
 INDEX = re.compile(r"\.\d+$|\.\d+[#(*/+-]|_ax\d")  # w1.0, train.3#5, Dense_0.0#2, conv2d_ax0
+NUMBER = re.compile(r"^\d+(?:$|[#(])")  # 0, 1#2: a list's or a tuple's index (batch/0)
 LIBRARY = {"hf_": "transformers", "eqx_": "equinox", "keras_": "keras", "nnx_": "flax"}
 
 # what the naming does not yet name from structure, per model (each one fails today)
@@ -71,7 +72,7 @@ def bad_names(g: al.Graph) -> list[str]:
     dim of a family only where ``X`` is a dim of the same family (``seq#2``: the keys)."""
     out = []
     for d, info in g.dim_info.items():
-        if OP_ID.search(d) or INDEX.search(d):
+        if OP_ID.search(d) or INDEX.search(d) or NUMBER.search(d):
             out.append(d)
         elif "#" in d:
             base = g.dim_info.get(d.split("#", 1)[0])
@@ -125,6 +126,8 @@ def test_resized_and_weight_names():
     assert resized_name("seq", 16, 16) == "seq_table"
     assert path_name("params/model/layers/17/mlp/down_proj/kernel") == "down_proj"
     assert path_name("params/w1") == "w1"
+    assert path_name("batch/0") == "batch_0"  # a tuple's leaf: never a bare number
+    assert path_name("params/3/0") == "params_0"  # nor a layer's index
 
 
 def test_a_weight_is_named_without_its_axis_index():
@@ -323,3 +326,74 @@ def test_instances_whose_indices_vary_together_are_one_module():
     module, at each size (downsampling_conv(32))."""
     paths = ["params/ds_block_0/ds_conv_0/kernel", "params/ds_block_1/ds_conv_1/kernel"]
     assert set(instance_free(paths).values()) == {"params/ds_block/ds_conv/kernel"}
+
+
+def _albert(loop="scan", batch="tuple", listed=False, L=4):
+    """A stranger's ALBERT-style stack (one weight set every layer shares, a closure
+    constant of ``lax.scan(layer, x, None, length=L)``), float [batch, seq, d_model] input
+    mean-pooled over the sequence, nothing named; ``loop``: ``fori`` (a ``fori_loop`` of
+    static bounds), ``unrolled``, ``rnn`` (a scan over the sequence instead)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    B, S, D, F, C = 8, 12, 16, 48, 5
+
+    def loss_fn(p, bt):
+        x, y = (bt["x"], bt["y"]) if batch == "dict" else bt
+        w1, w2, out = p if listed else (p["w1"], p["w2"], p["out"])
+
+        def layer(h):
+            return h + jax.nn.gelu(h @ w1) @ w2
+
+        if loop == "scan":
+            h, _ = jax.lax.scan(lambda h, _: (layer(h), None), x, None, length=L)
+        elif loop == "fori":
+            h = jax.lax.fori_loop(0, L, lambda i, h: layer(h), x)
+        elif loop == "unrolled":
+            h = x
+            for _ in range(L):
+                h = layer(h)
+        else:  # a scan over the positions, reading them as xs: not a stack of layers
+
+            def cell(c, xt):
+                c = jnp.tanh(c @ w2[:D] + xt @ w1[:, :D])
+                return c, c
+
+            _, hs = jax.lax.scan(cell, jnp.zeros((B, D)), jnp.swapaxes(x, 0, 1))
+            h = jnp.swapaxes(hs, 0, 1)
+        logits = h.mean(1) @ out
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    f32 = jnp.float32
+    shapes = [(D, F), (F, D), (D, C)]
+    ws = [jax.ShapeDtypeStruct(s, f32) for s in shapes]
+    params = ws if listed else dict(zip(("w1", "w2", "out"), ws, strict=True))
+    x, y = jax.ShapeDtypeStruct((B, S, D), f32), jax.ShapeDtypeStruct((B,), jnp.int32)
+    spec = {"x": x, "y": y} if batch == "dict" else (x, y)
+    return al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, spec, lambda rng: None))
+
+
+STACK = {"batch": 8, "seq": 12, "d_model": 16, "d_ff": 48, "layers": 4, "classes": 5}
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"loop": "fori"}, {"batch": "dict"}, {"listed": True}, {"loop": "fori", "batch": "dict"}],
+    ids=["scan", "fori_loop", "dict_batch", "list_params", "fori_dict"],
+)
+def test_a_stack_sharing_one_weight_set_names_its_layers_and_its_sequence(kw):
+    """A stranger's ALBERT (/tmp/shared/albert.py): its sequence was ``0`` (the tuple batch's
+    path ``batch/0``), its layers ``scan.0:0`` (the op that stacked the residuals: a scan
+    over no xs), a list's weights' d_ff ``0``. Now the positions of a float input [batch,
+    seq, features] are ``seq``, the iteration dim of a scan over nothing (or weights) that
+    carries the examples ``layers``, and no name is a bare number."""
+    g = _albert(**kw)
+    assert g.dims == STACK and not bad_names(g), g.dims
+
+
+def test_an_unrolled_stack_and_a_scan_over_the_sequence_name_the_sequence_not_layers():
+    g = _albert(loop="unrolled")
+    assert g.dims == {"features": 16, "batch": 8, "seq": 12, "hidden": 48, "classes": 5}, g.dims
+    g = _albert(loop="rnn")  # the iteration is over the positions: seq, no layers
+    assert g.dims["seq"] == 12 and "layers" not in g.dims and not bad_names(g), g.dims

@@ -343,6 +343,18 @@ def role_names(
             shape = shapes[t]
             if b.roles[t] == "input" and t not in data and shape and shape[0] == n > 1:
                 add(r(t, 0), "layers")
+        # a stack that shares one weight set (ALBERT; a fori_loop over layers): a scan over
+        # nothing (xs=None, length=) or over weights only, carrying the examples. Its
+        # iteration dim, the stacked outputs' leading axis (the residuals the backward pass
+        # reads), is the layers (a scan over data, or over what data makes, is not)
+        xs = [int(x[1:]) for x in scan_parts(op)[2]]
+        if n < 2 or any(b.roles[t] != "input" or t in data for t in xs):
+            continue
+        carry = [int(x[1:]) for x in scan_parts(op)[1]]
+        if any(r(t, a) in batch for t in carry for a in range(len(shapes[t]))):
+            for o in b.io[pg.by_name[op.name]][1][op.param("num_carry", 0) :]:
+                if shapes[o] and shapes[o][0] == n:
+                    add(r(o, 0), "layers")
     data_fams = {fam(r(t, a)) for t in data for a in range(len(shapes[t])) if r(t, a) >= 0}
     carried: dict[int, int] = {}  # root -> how many weights carry it
     for t in pg.weights:
@@ -509,8 +521,10 @@ def role_names(
 
     least = min((size(x) for x in dm), default=0) // 4  # not a stacked q/k/v axis
     for x in sorted(made):  # two weights at least: in and out (and a gate), not copies of
-        # one weight in every layer (a fused q/k/v projection makes and eats its own)
-        kinds = {_INDEX.sub("#", b.paths[w] or f"t{w}") for w in made[x] | eaten.get(x, set())}
+        # one weight in every layer (a fused q/k/v projection makes and eats its own); a
+        # weight's copies have its shape (a list's weights, params/0 and params/1, are two)
+        kinds = {(_INDEX.sub("#", b.paths[w] or f"t{w}"), shapes[w])
+                 for w in made[x] | eaten.get(x, set())}  # fmt: skip
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
     if not dm and not pg.convs:  # no residual stream, no conv: a plain MLP (Mesh-TF's MNIST
@@ -524,6 +538,17 @@ def role_names(
                   and any(w != v for w in makes[x] for v in eats[x])]  # fmt: skip
         for k, x in enumerate(hidden):  # made by one weight, read by another: hidden units
             add(x, "hidden" if k == 0 else f"hidden{k + 1}")
+    for t in sorted(data - pg.ints):  # a float input [batch, positions, features] (embedded
+        # tokens, frames, a time series; features a weight's matmul reads or d_model): its
+        # positions are a sequence, as a token input's axis 1 is (a second: ``frames_seq``)
+        if len(shapes[t]) != 3:
+            continue
+        x, f = r(t, 1), r(t, 2)
+        if x < 0 or x == f or x in batch or x in eats or not (f in eats or f in dm):
+            continue
+        second = seq_fams and fam(x) not in seq_fams
+        add(x, f"{path_name(b.paths[t] or '')}_seq" if second else "seq")
+        seq_fams.append(fam(x))
     weights = set(pg.weights)
     for _, w, spatial in pg.convs:  # a conv's kernel window, where the kernel is a weight
         if pg.source(b, w) in weights and 1 <= len(spatial) <= 3:
@@ -661,5 +686,9 @@ def path_names(path: str) -> list[str]:
     ``params/batch_normalization_1/beta`` -> ``beta``, ``batch_normalization_1_beta``."""
     parts = [p for p in re.split(r"[/.\[\]]", path) if p]
     keep = [p for p in parts[1:] if not p.isdigit() and p.lower() not in GENERIC_LEAVES]
+    if not keep and parts and parts[-1].isdigit():  # a list's or a tuple's leaf (params/0,
+        # batch/1): never a bare number; its argument and its place in it (params_1), the
+        # layer indices between dropped (params/3/0 is params_0, as params/0/0 is)
+        return [f"{next((p for p in parts if not p.isdigit()), 't')}_{parts[-1]}"]
     keep = keep or parts or ["t"]
     return [keep[-1]] + (["_".join(keep[-2:])] if len(keep) > 1 else [])
