@@ -626,10 +626,15 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
             + ("" if t["fits"] else " (does not fit)")
             for t in rm["tried"] if "step_time_s" in t
         )  # fmt: skip
+        k = acc["microbatches"] if acc else 1
+        why = (
+            "(as given)" if not rm["tried"]
+            else f"(the step as written fits over {k} microbatches, not whole)"
+            if rm["policy"] == "as_written" and k > 1
+            else "(the step as written does not fit)"
+        )  # fmt: skip
         _echo(
-            f"remat: {rm['policy']} "
-            + ("(the step as written does not fit)" if rm["tried"] else "(as given)")
-            + ", recomputing "
+            f"remat: {rm['policy']} {why}" + ", recomputing "
             f"{rm['recompute_flops_per_device'] / 1e12:.3g} TFLOP per device per step"
             + (
                 f"; each policy ranked on {rm.get('ranked_s', 0):.3g} s of the budget, then "
