@@ -46,7 +46,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, hoisted_extent, per_graph
+from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, hoisted, per_graph
 
 from .sharding import fused_ops
 
@@ -243,9 +243,9 @@ def lifetimes(
                 continue  # (a value in host memory takes no HBM)
             first = 0 if stacks is not None and k >= stacks else born
             end = max(last.get(t, i), i)  # never read: freed right after
-            hoisted = hoisted_extent(g, i if order is None else order[i], t)
-            if hoisted is not None:  # made outside the loops it leaves: alive through them
-                lo, hi = out.span(*hoisted)
+            lo, hi, loop = hoisted(g, i if order is None else order[i], t)
+            if loop is not None:  # made outside the loops it leaves: alive through them
+                lo, hi = out.span(lo, hi)
                 first, end = min(first, lo), max(end, hi)
             out.append((t, first, end))
     out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]

@@ -10,8 +10,7 @@ from typing import Any
 from autolayout.core import (
     Graph,
     Hardware,
-    hoisted_extent,
-    hoisted_from,
+    hoisted,
     local_bytes,
     loop_links,
     made_at,
@@ -29,6 +28,7 @@ from .sharding import (
     boundaries,
     boundary_comms,
     copied_inputs,
+    copy_key,
     copy_layout,
     free_tensors,
     fused_ops,
@@ -90,8 +90,8 @@ def price(
         if read:
             i = index[op.name]
             for key in read:  # a copy hoisted out of a loop lives through it, one a loop
-                lo, hi = hoisted_extent(g, i, key[0]) or (i, i)
-                span = spans.setdefault((*key, hoisted_from(g, i, key[0])), [lo, hi])
+                lo, hi, loop = hoisted(g, i, key[0])
+                span = spans.setdefault((*key, loop), [lo, hi])
                 span[0], span[1] = min(span[0], lo), max(span[1], hi)
     costs += _boundary_costs(m, g, layouts, aliased_outputs(g, donated))
     compute = sum(c.compute_s * c.op.trip_count for c in costs)
@@ -187,7 +187,7 @@ def _op_cost_alike(m, g: Graph, op, kind, assign, layouts, resharded, free, fuse
     comms: list = []
     for pos, _, made_as, cc in copies:
         t = ins[pos]
-        k = (t, made_as, made_at(g)[t], hoisted_from(g, op_index(g)[op.name], t))
+        k = copy_key(g, op, t, made_as)
         if k in resharded:
             continue
         resharded.add(k)

@@ -40,7 +40,7 @@ from autolayout.core import (
     Op,
     Tensor,
     attention_axes,
-    hoisted_from,
+    hoisted,
     local_bytes,
     local_shape,
     made_at,
@@ -873,6 +873,12 @@ def copied_inputs(op: Op, wanted: dict[str, Layout], layouts, free: set[str] | N
     ]
 
 
+def copy_key(g: Graph, op: Op, t: str, w: Layout) -> tuple:
+    """What one copy of ``t`` into layout ``w`` for ``op`` is: XLA makes one per tensor,
+    layout, trips and loop it is hoisted out of (``hoisted``)."""
+    return (t, w, made_at(g)[t], hoisted(g, op_index(g)[op.name], t)[2])
+
+
 def op_cost(
     m: Machine,
     g: Graph,
@@ -899,7 +905,7 @@ def op_cost(
         tt = g.tensors[t]
         w = copy_layout(m, tt, layouts[t], wanted[t])
         if resharded is not None:
-            key = (t, w, made_at(g)[t], hoisted_from(g, op_index(g)[op.name], t))
+            key = copy_key(g, op, t, w)
             if key in resharded:
                 continue
             resharded.add(key)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autolayout.core import hoisted_extent, hoisted_from, local_bytes
+from autolayout.core import hoisted, local_bytes
 from autolayout.cost_models import (
     liveness_peak,
 )
@@ -132,12 +132,12 @@ class _Liveness:
                 if w is None:
                     w = wants[key] = len(self.wants)
                     self.wants.append(key)
-                loop = hoisted_from(g, i, t)  # a loop's invariant: one copy a loop, through it
+                lo, hi, loop = hoisted(g, i, t)  # a loop's invariant: a copy a loop, through it
                 r_tensor.append(copy_ids.setdefault((ti, loop), len(copy_ids)))
                 r_ti.append(ti)
                 r_kind.append(k)
                 r_want.append(w)
-                r_at.append(hoisted_extent(g, i, t) or (i, i))
+                r_at.append((lo, hi))
         self.r_tensor = np.array(r_tensor, dtype=np.int64)
         self.r_shape = np.array(read_shape, dtype=np.int64)[np.array(r_ti, dtype=np.int64)]
         self.r_kind = np.array(r_kind, dtype=np.int64)
@@ -233,8 +233,8 @@ def memory_peak_walk(req: Request, choice: Sequence[int]) -> tuple[int, int]:
             k = st.node_of[r]
             w = req.nodes[k].wanted[pos][choice[k]]
             if w != src:  # a loop's invariant: one copy a loop, alive through it
-                lo, hi = hoisted_extent(g, i, t) or (i, i)
-                key = (w, hoisted_from(g, i, t))
+                lo, hi, loop = hoisted(g, i, t)
+                key = (w, loop)
                 sp = spans.get(key)
                 if sp is None:
                     spans[key] = [lo, hi]

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autolayout.core import Graph, Hardware, Layout, Op, hoisted_from, local_bytes, made_at
+from autolayout.core import Graph, Hardware, Layout, Op, hoisted, local_bytes, made_at
 from autolayout.cost_models import (
     Group,
     Machine,
@@ -476,7 +476,7 @@ def _read_groups(st: Structure) -> list[tuple[str, Any, float, Any]]:
         by_trip: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
         made = made_at(g)[t]  # a loop's invariant is copied outside the loop, one a loop
         for r, pos, i in rs:
-            trips = (min(st.ops[r].trip_count, made), hoisted_from(g, i, t))
+            trips = (min(st.ops[r].trip_count, made), hoisted(g, i, t)[2])
             by_trip.setdefault(trips, []).append((st.node_of[r], pos))
         r0 = st.root[t]
         tt = g.tensors[t]

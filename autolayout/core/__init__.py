@@ -45,8 +45,7 @@ from ._ir import Op as Op
 from ._ir import Tensor as Tensor
 from ._ir import base_name as base_name
 from ._ir import check_graph as check_graph
-from ._ir import hoisted_extent as hoisted_extent
-from ._ir import hoisted_from as hoisted_from
+from ._ir import hoisted as hoisted
 from ._ir import loop_links as loop_links
 from ._ir import made_at as made_at
 from ._ir import model_named as model_named

@@ -272,14 +272,12 @@ def invariant_levels(ops: Iterable[Op]) -> tuple[dict[str, int], dict[str, int]]
     XLA hoists what a scan's iterations share out of it (``WhileLoopInvariantCodeMotion``):
     an op of a scan body whose inputs are all made outside that scan (its constants, a carry
     the body hands on unchanged, a slice or a result of a one-iteration scan, or ops of those
-    alone) runs
-    as often as they are made; so does a copy of such an input into another layout (FSDP's
+    alone) runs as often as they are made; so does a copy of such an input into another layout (FSDP's
     weights gathered in a microbatch loop: once a step, measured on XLA:CPU). ``ops`` in
     program order (a loop's body before the loop); tensors no op makes are made once."""
     ops = list(ops)
-    outer: dict[
-        str, tuple[str | None, int]
-    ] = {}  # body input -> (the outer tensor it is, or its trips)
+    # body input -> (the outer tensor it is, or None and its trips)
+    outer: dict[str, tuple[str | None, int]] = {}
     for op in ops:
         if op.primitive != "scan":
             continue
@@ -325,7 +323,7 @@ def invariant_levels(ops: Iterable[Op]) -> tuple[dict[str, int], dict[str, int]]
     return runs, made
 
 
-def hoisted(ops: Iterable[Op]) -> tuple[Op, ...]:
+def hoist_ops(ops: Iterable[Op]) -> tuple[Op, ...]:
     """``ops`` with each one's ``trip_count`` as often as it runs once XLA hoists what a
     scan's iterations share (:func:`invariant_levels`)."""
     ops = tuple(ops)
@@ -353,31 +351,22 @@ def _scan_extents(g: Graph) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def hoisted_from(g: Graph, i: int, t: str) -> str | None:
-    """The outermost scan XLA hoists tensor ``t`` (or its copy) out of, where the op at
-    program index ``i`` writes or reads it (:func:`made_at`); ``None`` for a tensor made in
-    every iteration. Copies hoisted out of two loops are two (XLA:CPU gathers a weight an
-    ALBERT-style stack's forward and backward scans share twice, measured), alive through
-    their loops."""
+def hoisted(g: Graph, i: int, t: str) -> tuple[int, int, str | None]:
+    """``(first, last, loop)``: where tensor ``t`` (or its copy), written or read by the op at
+    program index ``i``, is alive, and the outermost scan XLA hoists it out of
+    (:func:`made_at`): the whole of that scan, from its first body op to the scan op; ``(i,
+    i, None)`` for a tensor made in every iteration. Copies hoisted out of two loops are two
+    (XLA:CPU gathers a weight an ALBERT-style stack's forward and backward scans share twice,
+    measured), each alive through its loop."""
     op = g.ops[i]
-    if op.trip_count == 1 and not op.scope:
-        return None
-    made = made_at(g)[t]
-    extents = _scan_extents(g)
-    for s in op.scope:
-        e = extents.get(s)
-        if e is not None and e[2] > made:
-            return s
-    return None
-
-
-def hoisted_extent(g: Graph, i: int, t: str) -> tuple[int, int] | None:
-    """Where tensor ``t`` (or its copy), written or read by the op at program index ``i``,
-    is alive when XLA hoists it out of the scans around that op (:func:`hoisted_from`): the
-    whole of that scan, from its first body op to the scan op; ``None`` for a tensor made
-    in every iteration."""
-    s = hoisted_from(g, i, t)
-    return None if s is None else _scan_extents(g)[s][:2]
+    if op.trip_count > 1 or op.scope:
+        made = made_at(g)[t]
+        extents = _scan_extents(g)
+        for s in op.scope:
+            e = extents.get(s)
+            if e is not None and e[2] > made:
+                return e[0], e[1], s
+    return i, i, None
 
 
 class GraphInvariantError(AssertionError):

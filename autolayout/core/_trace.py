@@ -35,7 +35,7 @@ from jax.extend.core import Literal
 from ._builder import _Builder
 from ._dim_rules import DIM_RULES, Opaque, storage_dtype
 from ._errors import TraceError, WorkloadError
-from ._ir import Graph, Loop, Tensor, hoisted
+from ._ir import Graph, Loop, Tensor, hoist_ops
 from ._naming import _eliminate_dead, _name_dims
 from ._workload import _TARGET, Spec, Workload, path_str
 
@@ -582,7 +582,7 @@ def _trace_with_jaxpr(workload: Workload, visits: bool) -> tuple[Graph, Any, dic
         )
     graph = Graph(
         name=workload.name,
-        ops=hoisted(b.ops),
+        ops=hoist_ops(b.ops),
         tensors=tensors,
         dim_info=dims,
         inputs=tuple(f"t{t}" for t in ins),
