@@ -392,6 +392,14 @@ def evaluate_cmd(model, hw_name, hw_devices, mesh_text, rules_text, layout, sets
     _print_plan(plan, out)
 
 
+def _where(op: str, layer: str) -> str:
+    """An op and where it is in the model: ``w1 grad (layers.3)``; ``(other)``, no layer,
+    not nested in parentheses."""
+    if not layer:
+        return op
+    return f"{op} {layer}" if layer.startswith("(") else f"{op} ({layer})"
+
+
 def _print_plan(plan, out: str | None) -> None:
     for line in _summary_lines(plan):
         click.echo(line)
@@ -408,7 +416,7 @@ def _print_plan(plan, out: str | None) -> None:
     what = shown_ops(plan)
     for r in rows:
         op = what.get(r.op, r.op)
-        where = f"{op} ({r.layer})" if r.layer else op
+        where = _where(op, r.layer)
         how = shown.get(r.strategy) or "replicated"
         line = f"  {where:<28} {r.t:.4g} s  {r.collective or '-':<12} {how}"
         click.echo(_fit(line, w))
@@ -419,7 +427,7 @@ def _print_plan(plan, out: str | None) -> None:
               "as XLA runs an op it cannot partition):")  # fmt: skip
         for r in opaque[:3]:
             op = what.get(r["op"], r["op"])
-            where = f"{op} ({r['layer']})" if r["layer"] else op
+            where = _where(op, r["layer"])
             _echo(f"  {where} {r['time_s']:.3g} s, {r['share']:.1%}: {r['reason']}")
     if out:
         plan.to_json(out)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import autolayout as al
+from autolayout.core import accumulate, op_labels, op_layers
 from autolayout.core._roles import instance_free, path_name, resized_name
 
 MODELS = Path(__file__).resolve().parent.parent / "experiments/models"
@@ -328,11 +329,12 @@ def test_instances_whose_indices_vary_together_are_one_module():
     assert set(instance_free(paths).values()) == {"params/ds_block/ds_conv/kernel"}
 
 
-def _albert(loop="scan", batch="tuple", listed=False, L=4):
+def _albert(loop="scan", batch="tuple", listed=False, L=4, microbatches=0):
     """A stranger's ALBERT-style stack (one weight set every layer shares, a closure
     constant of ``lax.scan(layer, x, None, length=L)``), float [batch, seq, d_model] input
     mean-pooled over the sequence, nothing named; ``loop``: ``fori`` (a ``fori_loop`` of
-    static bounds), ``unrolled``, ``rnn`` (a scan over the sequence instead)."""
+    static bounds), ``unrolled``, ``rnn`` (a scan over the sequence instead);
+    ``microbatches``: its gradients accumulated over that many."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -371,7 +373,8 @@ def _albert(loop="scan", batch="tuple", listed=False, L=4):
     params = ws if listed else dict(zip(("w1", "w2", "out"), ws, strict=True))
     x, y = jax.ShapeDtypeStruct((B, S, D), f32), jax.ShapeDtypeStruct((B,), jnp.int32)
     spec = {"x": x, "y": y} if batch == "dict" else (x, y)
-    return al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, spec, lambda rng: None))
+    wl = al.train_workload(loss_fn, optax.adam(1e-3), params, spec, lambda rng: None)
+    return al.trace(accumulate(wl, microbatches) if microbatches else wl)
 
 
 STACK = {"batch": 8, "seq": 12, "d_model": 16, "d_ff": 48, "layers": 4, "classes": 5}
@@ -397,3 +400,65 @@ def test_an_unrolled_stack_and_a_scan_over_the_sequence_name_the_sequence_not_la
     assert g.dims == {"features": 16, "batch": 8, "seq": 12, "hidden": 48, "classes": 5}, g.dims
     g = _albert(loop="rnn")  # the iteration is over the positions: seq, no layers
     assert g.dims["seq"] == 12 and "layers" not in g.dims and not bad_names(g), g.dims
+
+
+@pytest.mark.parametrize("kw", [{}, {"loop": "fori"}, {"loop": "unrolled"}, {"batch": "dict"}],
+                         ids=["scan", "fori_loop", "unrolled", "dict_batch"])  # fmt: skip
+def test_an_accumulated_step_keeps_the_names_of_the_step(kw):
+    """Issue 35.3: gradient accumulation's scan over microbatches hid the roles of a model
+    that names nothing (ALBERT's sequence ``batch_0``, its layers ``scan.8:0``, d_model
+    ``out_in``, the microbatches ``batch_inner``). Now a microbatch is data as the batch is:
+    the step's names, the batch at both its sizes (as a named one's), and ``microbatches``."""
+    plain = _albert(**kw).dims
+    g = _albert(**kw, microbatches=2)
+    want = {k: v for k, v in plain.items() if k != "batch"}
+    want.update({"batch(8)": 8, "batch(4)": 4, "microbatches": 2})
+    assert g.dims == want and not bad_names(g), g.dims
+
+
+def test_a_flattened_example_read_by_a_list_of_weights_is_features():
+    """eqx.nn.MLP on an image: each example flattened (``jnp.ravel`` under vmap) into the
+    features the first of a list of weights reads; they were named after the list,
+    ``layers`` (the stacked layers' role name), now ``features``."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def loss_fn(p, batch):
+        x, y = batch
+
+        def mlp(img):
+            h = img.ravel()
+            for w in p["layers"][:-1]:
+                h = jax.nn.relu(w @ h)
+            return p["layers"][-1] @ h
+
+        logits = jax.vmap(mlp)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    f32 = jnp.float32
+    params = {"layers": [jax.ShapeDtypeStruct(s, f32) for s in ((32, 64), (32, 32), (10, 32))]}
+    batch = (jax.ShapeDtypeStruct((8, 8, 8), f32), jax.ShapeDtypeStruct((8,), jnp.int32))
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
+    assert g.dims["features"] == 64 and "layers" not in g.dims, g.dims
+    assert not bad_names(g), g.dims
+
+
+def test_a_shared_weight_stacks_gradients_are_where_their_weights_are():
+    """A stranger's ALBERT read ``w1 grad (w2)`` and ``w2 grad ((other))`` in plan reports:
+    the gradients its backward scan sums over the layers were placed by the op computed
+    before them (or none). Now each is where its weight is, no op in a loop is ``(other)``,
+    a layer is never a weight's name (``layers/w1`` is ``layers``) and ``(other)`` is not
+    nested in parentheses."""
+    g = _albert()
+    labels, layers = op_labels(g), op_layers(g)
+    grads = {labels[o.name]: layers[o.name] for o in g.ops if labels[o.name].endswith(" grad")}
+    assert grads == {"w1 grad": "w1", "w2 grad": "w2", "out grad": "out"}, grads
+    looped = [o for o in g.ops if any(s.startswith(("scan.", "while.")) for s in o.scope)]
+    assert looped and all(layers[o.name] != "(other)" for o in looped)
+    from autolayout._cli import _where
+    from autolayout.core._report import _layer_key
+
+    assert _layer_key(["layers", "w1"]) == "layers" and _layer_key(["layers", "3"]) == "layers.3"
+    assert _where("w2 grad", "(other)") == "w2 grad (other)"
+    assert _where("w2 grad", "layers.3") == "w2 grad (layers.3)"

@@ -11,7 +11,15 @@ from collections.abc import Callable
 from ._builder import _Builder
 from ._dim_rules import reshape_groups
 from ._ir import LOOP_OPS, Dim, Loop, base_name, sized_name
-from ._roles import copy_groups, instance_free, path_names, program, resized_name, role_names
+from ._roles import (
+    copy_groups,
+    instance_free,
+    microbatched,
+    path_names,
+    program,
+    resized_name,
+    role_names,
+)
 
 WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
 
@@ -310,8 +318,8 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
             continue
         if free(n, r):
             claim(r, n, True)
-        elif n.startswith(WINDOWS):  # a kernel's window of another size
-            sized_claim(r, [n])
+        elif n.startswith(WINDOWS) or n == "batch":  # a kernel's window of another size,
+            sized_claim(r, [n])  # a microbatch's rows (``batch(8)`` of ``batch(16)``)
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False, free)  # from the user's and the roles' names
     plain = instance_free([b.paths[t] for t in inputs])  # MixerBlock_0/Dense_0 -> MixerBlock/..
@@ -453,6 +461,7 @@ def _name_dims(
     """Each axis key's dim name and the dims: the user's names first, then names by role
     (``_roles``) for the data inputs ``data`` and what the program's structure shows, then
     reshapes' merges of named dims, weights' paths, a named dim's family, the producing op."""
+    data = data | microbatched(b, data)  # (a microbatch's rows are examples too)
     owner = [t for t, s in enumerate(b.shapes) for _ in s]
     sizes = [s for shape in b.shapes for s in shape]
     keys = [k for k, (t, n) in enumerate(zip(owner, sizes, strict=True)) if n > 1 and t in live]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 OPTIMIZER = "optimizer"
 OTHER = "(other)"  # ops before any parameter is read: no layer
 _NUMBERED = re.compile(r"\d")
+_INDEXED = re.compile(r"(?:^|[._])\d+$")  # a layer's index: ``3``, ``layers.3``, ``Dense_0``
 
 
 # --- layers -----------------------------------------------------------------------------------
@@ -35,10 +36,11 @@ _NUMBERED = re.compile(r"\d")
 
 def _layer_key(parts: list[str]) -> str:
     """``["layers", "3", "wq"]`` -> ``layers.3``; ``["layers.3", "mlp"]`` -> ``layers.3``;
-    no numbered part: the first part. Einsum specs (``bsd,df->bsf``) are not layer names."""
+    no indexed part: the first part (``["layers", "w1"]`` -> ``layers``). Einsum specs
+    (``bsd,df->bsf``) are not layer names."""
     parts = [p for p in parts if p and "->" not in p]
     for i, p in enumerate(parts):
-        if _NUMBERED.search(p):
+        if _INDEXED.search(p):  # (a weight's name is no index: ``layers/w1`` is ``layers``)
             if p.isdigit() and i > 0:
                 return "/".join(parts[: i - 1] + [f"{parts[i - 1]}.{p}"])
             return "/".join(parts[: i + 1])
@@ -139,18 +141,27 @@ def op_layers(g: Graph) -> dict[str, str]:
             front = nxt
         return None
 
+    # a sum a loop carries out of it is read where the loop's output is (a gradient summed
+    # over a shared-weight stack's layers in its backward scan: by the optimizer, after the
+    # loop), unless a scope gave what it sums its layer
+    handed = {b: o for o, b in loop_links(g)[1].items()
+              if g.tensors[o].shape == g.tensors[b].shape}  # fmt: skip
     entered: dict[int, str] = {}
     for i in range(len(g.ops) - 1, -1, -1):
         op = g.ops[i]
         if scoped[i] or label[i] == OPTIMIZER:
             continue
-        rs = [r for t in op.outputs for r in readers.get(t, [])]
+        direct = [r for t in op.outputs for r in readers.get(t, [])]
+        rs = direct
+        if not any(scoped[producer[t]] for t in op.inputs if t in producer):
+            rs = direct + [r for t in op.outputs for r in readers.get(handed.get(t), [])]
         if not rs:
             continue
         if all(label[r] == OPTIMIZER for r in rs):
             real = [g.tensors[t].shape for t in op.inputs if g.tensors[t].size > 1]
             outs = {g.tensors[t].shape for t in op.outputs}
-            if all(x in by_shape for x in real) and outs <= set(real):  # not a transpose
+            if direct and all(x in by_shape for x in real) and outs <= set(real):  # not a
+                # transpose, nor a gradient's sum over a loop's iterations
                 label[i] = OPTIMIZER
                 continue
             layers = {x for t in op.outputs for x in by_shape.get(g.tensors[t].shape, [])}

@@ -157,11 +157,15 @@ class _Program:
         self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
         self.fused: list[tuple[int, int, dict]] = []  # (q, k, axes) of fused attention kernels
         self.windows: list[tuple[int, int, tuple]] = []  # (input, result, window) of pooling
+        micro = {  # scans over microbatches: what they hold is as if at the top level
+            op.name for op in ops if op.primitive == "scan"
+            and any(int(x[1:]) in data for x in op.param("scanned_inputs", ()))
+        }  # fmt: skip
         for op, (ins, outs) in zip(ops, io, strict=True):
             prim = op.primitive
             if prim in ATTENTION_FWD and len(ins) >= 3:
                 self.fused.append((ins[0], ins[1], attention_axes(op.param("layout", 0))))
-            elif prim == "scan" and not op.scope:
+            elif prim == "scan" and not set(op.scope) - micro:
                 self.scans.append((op, ins))
             elif prim == "gather" and len(ins) >= 2:
                 self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
@@ -280,6 +284,36 @@ class _Program:
         return t
 
 
+def microbatched(b: _Builder, data: set[int]) -> set[int]:
+    """The body inputs of a top-level scan over pieces of the batch (gradient accumulation's
+    microbatches: ``[B] -> [k, B/k]`` through a reshape and transposes, each iteration
+    reading rows of every example): data as the inputs they are cut from, so the roles
+    (``batch``, ``seq``, ``features``...) are found inside the scan as outside it. A scan over
+    the positions (an RNN's) reads all the examples: none."""
+    by_name = {op.name: k for k, op in enumerate(b.ops)}
+    out = set()
+    for op in b.ops:
+        if op.primitive != "scan" or op.scope or op.param("length", 0) < 2:
+            continue
+        scanned = set(op.param("scanned_inputs", ()))
+        for outer, body in op.param("body_inputs", ()):
+            if body not in scanned:
+                continue
+            t, bt = int(outer[1:]), int(body[1:])
+            src = t
+            for _ in range(8):  # through the reshape and transposes that cut the batch
+                k = by_name.get(b.producer.get(src, ""))
+                ins = b.io[k][0] if k is not None else ()
+                if len(ins) != 1 or b.ops[k].primitive not in PASS_THROUGH:
+                    break
+                src = ins[0]
+            whole, piece = b.shapes[src], b.shapes[bt]
+            if src in data and piece and whole[1:] == piece[1:]:
+                if b.shapes[t][0] * piece[0] == whole[0]:
+                    out.add(bt)
+    return out
+
+
 def program(b: _Builder, data: set[int], live: set[int]) -> _Program:
     """The builder's :class:`_Program` for these data and live tensors (made once)."""
     p = b.program
@@ -339,6 +373,10 @@ def role_names(
             add(x, "layers")
     for op, ins in pg.scans:  # a scan over stacked weights: their leading axis is the layers
         n = op.param("length", 0)
+        scanned = set(op.param("scanned_inputs", ()))
+        for outer, body in op.param("body_inputs", ()):  # (scan_parts miscounts a literal
+            if body in scanned and int(body[1:]) in data:  # carry) a scan over pieces of
+                add(r(int(outer[1:]), 0), "microbatches")  # the batch: microbatches
         for t in ins:
             shape = shapes[t]
             if b.roles[t] == "input" and t not in data and shape and shape[0] == n > 1:
@@ -534,6 +572,12 @@ def role_names(
             for a in range(1, len(shapes[t])):
                 if r(t, a) in eats and r(t, a) not in named:
                     add(r(t, a), "features")
+        for src, dst, groups in pg.reshapes:  # or its example flattened (an image's pixels,
+            # eqx.nn.MLP's input: was ``layers``, the name of the list its weights are in)
+            for ga, gc in groups:
+                if (len(gc) == 1 and len(ga) > 1 and 0 not in ga and r(dst, gc[0]) in eats
+                        and r(dst, gc[0]) not in named and pg.source(b, src) in data - pg.ints):  # fmt: skip
+                    add(r(dst, gc[0]), "features")
         hidden = [x for x in makes if x in eats and x not in named  # the first made first
                   and any(w != v for w in makes[x] for v in eats[x])]  # fmt: skip
         for k, x in enumerate(hidden):  # made by one weight, read by another: hidden units
