@@ -19,13 +19,14 @@ from the buffers it was made from, not kept (the H200's unrolled steps were pred
 1.2-1.5x XLA's memory before; a scan's body writes its stacked residuals as they are).
 Around 3-D convolutions XLA keeps more: each conv's operands copied into the layout it runs
 in, and a 16-bit elementwise chain into a conv as written (the H200's U-Net was predicted
-at 0.38x before). XLA:CPU lowers two more of a CNN's ops with buffers of their own
-(:func:`lowering_buffers`, the profile's ``select_and_scatter_expanded`` and
-``weight_gradient_copies``): a max-pool's gradient as an argmax in the forward pass (an int32
-iota per dim of its operand, int32 indices per dim of its result) and a scatter into zeros
-allocated at the step's start, and each 1-D or 2-D convolution's weight gradient on
-transposed copies of its operands, made where each is written (a stranger's linen CNN on
-cpu-8 was predicted at 0.48x XLA's memory before, 0.93x with them).
+at 0.38x before). XLA:CPU lowers three more of a CNN's ops with buffers of their own
+(:func:`lowering_buffers`, the profile's ``select_and_scatter_expanded``,
+``weight_gradient_copies`` and ``depthwise_gradient_dense``): a max-pool's gradient as an
+argmax in the forward pass (an int32 iota per dim of its operand, int32 indices per dim of its
+result) and a scatter into zeros allocated at the step's start, each 1-D or 2-D convolution's
+weight gradient on transposed copies of its operands, made where each is written (a
+stranger's linen CNN on cpu-8 was predicted at 0.48x XLA's memory before, 0.93x with them),
+and a depthwise convolution's weight gradient as a dense one, masked to its diagonal.
 
 A remat region's optimization barrier keeps its recomputation in the backward pass, where
 the compiler keeps the barrier. XLA:CPU expands the barriers before it schedules, and then
@@ -46,7 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autolayout.core import ELEMENTWISE, LOOP_OPS, Graph, hoisted, per_graph
+from autolayout.core import ELEMENTWISE, LOOP_OPS, Efficiency, Graph, hoisted, per_graph
 
 from .sharding import fused_ops
 
@@ -148,8 +149,7 @@ def lifetimes(
     donated: Sequence[str] = (),
     stacks_at_start: bool = False,
     barriers: bool = True,
-    select_and_scatter_expanded: bool = False,
-    weight_gradient_copies: bool = False,
+    lowering: Efficiency | None = None,
 ) -> Lifetimes:
     """``(tensor, first, last)`` of every buffer the step allocates, as positions in the
     step's :func:`schedule`: op results from the op that writes them to their last reader
@@ -160,9 +160,10 @@ def lifetimes(
     body op. ``barriers``: whether a remat region's optimization barrier reaches the
     scheduler (no fusion crosses it, the recomputation waits for the backward pass): the
     profile's ``efficiency.remat_barriers``, false on XLA:CPU, which drops them
-    (:func:`schedule`). ``select_and_scatter_expanded`` and ``weight_gradient_copies``: the
-    buffers of :func:`lowering_buffers` (the profile's flags of those names); the ops they
-    replace no longer keep the operands they read there alive."""
+    (:func:`schedule`). ``lowering``: the profile's efficiency table, whose lowering flags
+    (``select_and_scatter_expanded``, ``weight_gradient_copies``, ``depthwise_gradient_dense``)
+    add the buffers of :func:`lowering_buffers`; the ops they replace no longer keep the
+    operands they read there alive."""
     order = schedule(g, barriers)
     ops = g.ops if order is None else tuple(g.ops[i] for i in order)
     aliased = set(aliased_outputs(g, donated))
@@ -202,11 +203,7 @@ def lifetimes(
                 source[o] = srcs
     # reads lowered elsewhere: a max-pool gradient's operand is read by its argmax, where it
     # is written; a weight gradient reads copies (lowering_buffers)
-    bypass = {
-        (op.name, t)
-        for op in ops
-        for t in _lowered_reads(op, select_and_scatter_expanded, weight_gradient_copies)
-    }
+    bypass = {(op.name, t) for op in ops for t in _lowered_reads(op, lowering)}
     last: dict[str, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
@@ -249,8 +246,8 @@ def lifetimes(
                 first, end = min(first, lo), max(end, hi)
             out.append((t, first, end))
     out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]
-    if select_and_scatter_expanded or weight_gradient_copies:
-        out += lowering_buffers(g, ops, start, select_and_scatter_expanded, weight_gradient_copies)
+    if lowering is not None:
+        out += lowering_buffers(g, ops, lowering, start)
     return out
 
 
@@ -269,12 +266,14 @@ def _weight_gradient(op) -> bool:
     )
 
 
-def _lowered_reads(op, expanded: bool, copies: bool) -> tuple[str, ...]:
+def _lowered_reads(op, lowering: Efficiency | None) -> tuple[str, ...]:
     """The inputs ``op`` does not read itself where it runs once lowered (see
     :func:`lowering_buffers`)."""
-    if expanded and op.primitive == "select_and_scatter_add":
+    if lowering is None:
+        return ()
+    if lowering.select_and_scatter_expanded and op.primitive == "select_and_scatter_add":
         return (op.inputs[1],)
-    if copies and _weight_gradient(op):
+    if lowering.weight_gradient_copies and _weight_gradient(op):
         return tuple(op.inputs)
     return ()
 
@@ -286,15 +285,12 @@ def _times(tt, nbytes: int) -> int:
 
 
 def lowering_buffers(
-    g: Graph,
-    ops: Sequence,
-    loop_start: dict[str, int] | None = None,
-    select_and_scatter_expanded: bool = True,
-    weight_gradient_copies: bool = True,
+    g: Graph, ops: Sequence, lowering: Efficiency, loop_start: dict[str, int] | None = None
 ) -> list[tuple[str, int, int]]:
     """Buffers XLA:CPU's lowering of a CNN's ops adds, as ``(tensor, first, last)`` in
     positions of ``ops`` (the step's schedule), each the size of ``tensor`` in its layout
-    (repeated where it holds more); ``loop_start`` the first position of each loop's body.
+    (repeated where it holds more); ``lowering`` the profile's flags (its efficiency table),
+    ``loop_start`` the first position of each loop's body.
 
     ``select_and_scatter_expanded`` (XLA:CPU's ``SelectAndScatterExpander``): a max-pool's
     gradient is an argmax, a variadic reduce-window over the pooled operand and one int32
@@ -310,7 +306,15 @@ def lowering_buffers(
     both operands transposed (``transpose_copy_fusion``), each copy made right where its
     value is written (the forward's activation in the forward pass, the batch at the step's
     start) and alive until the weight gradient; the value itself lives for its other readers
-    only."""
+    only.
+
+    ``depthwise_gradient_dense``: XLA:CPU runs a depthwise convolution's weight gradient
+    (``depthwise_gradient`` in its parameters) as a dense convolution over every pair of
+    channels, then masks it to the diagonal: two buffers, each channels x the filter's size,
+    alive at the op (sized at the whole channel count: exact where the channels are not
+    split, above XLA's by the channels' split where they are). Measured (the tiny Keras
+    MobileNet, cpu-8, batch 1 a device): 8.45 MB of XLA's where 3.67 MB were predicted
+    before; the 256-channel layer's two 2.36 MB filters at the peak."""
     loop_start = loop_start or {}
     written: dict[str, int] = {}
     for i, op in enumerate(ops):
@@ -329,7 +333,7 @@ def lowering_buffers(
 
     out: list[tuple[str, int, int]] = []
     for i, op in enumerate(ops):
-        if select_and_scatter_expanded and op.primitive == "select_and_scatter_add":
+        if lowering.select_and_scatter_expanded and op.primitive == "select_and_scatter_add":
             src, x = op.inputs[0], op.inputs[1]
             o = origin(op)
             at = max(o, written.get(x, o))  # the argmax runs where its operand is written
@@ -339,8 +343,10 @@ def lowering_buffers(
             out.append((src, at, at))  # the argmax's values
             out += [(src, at, i)] * _times(g.tensors[src], index_bytes)  # its indices
             out.append((src, i, i))  # the scatter's updates
-        elif weight_gradient_copies and _weight_gradient(op):
+        elif lowering.weight_gradient_copies and _weight_gradient(op):
             out += [(t, min(i, written.get(t, origin(op))), i) for t in op.inputs]
+        if lowering.depthwise_gradient_dense and op.param("depthwise_gradient") is not None:
+            out += [(op.outputs[0], i, i)] * (2 * op.param("batch_group_count"))
     return out
 
 
@@ -405,8 +411,7 @@ def liveness_peak(
     lives: Sequence[tuple[str, int, int]] | None = None,
     stacks_at_start: bool = False,
     barriers: bool = True,
-    select_and_scatter_expanded: bool = False,
-    weight_gradient_copies: bool = False,
+    lowering: Efficiency | None = None,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
@@ -414,7 +419,7 @@ def liveness_peak(
     readers: FSDP's gathered weights live from the first reader to the last), placed in the
     schedule as :meth:`Lifetimes.span` places them. ``lives`` is :func:`lifetimes` when the
     caller already has it (the search walks one graph often), ``stacks_at_start``,
-    ``barriers``, ``select_and_scatter_expanded`` and ``weight_gradient_copies`` as there."""
+    ``barriers`` and ``lowering`` as there."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
@@ -422,10 +427,7 @@ def liveness_peak(
     n = len(g.ops)
     delta = [0] * (n + 2)
     if lives is None:
-        lives = lifetimes(
-            g, donated, stacks_at_start, barriers, select_and_scatter_expanded,
-            weight_gradient_copies,
-        )  # fmt: skip
+        lives = lifetimes(g, donated, stacks_at_start, barriers, lowering)
     for t, first, last in lives:
         b = nbytes(t)
         delta[first] += b

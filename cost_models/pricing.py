@@ -108,8 +108,7 @@ def price(
         copies,
         stacks_at_start=hw.efficiency.scan_stacks_at_start,
         barriers=hw.efficiency.remat_barriers,
-        select_and_scatter_expanded=hw.efficiency.select_and_scatter_expanded,
-        weight_gradient_copies=hw.efficiency.weight_gradient_copies,
+        lowering=hw.efficiency,
     )
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices

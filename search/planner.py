@@ -318,8 +318,7 @@ def memory_floor(workload: Workload | None, graph: Graph, hw: Hardware) -> tuple
     mem = liveness_peak(
         graph, lambda t: -(-graph.tensors[t].nbytes // n), donated_inputs(workload, graph),
         stacks_at_start=hw.efficiency.scan_stacks_at_start, barriers=hw.efficiency.remat_barriers,
-        select_and_scatter_expanded=hw.efficiency.select_and_scatter_expanded,
-        weight_gradient_copies=hw.efficiency.weight_gradient_copies,
+        lowering=hw.efficiency,
     )  # fmt: skip
     return mem.peak_bytes, mem.by_category.get("activations", 0)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from autolayout.core import ELEMENTWISE, Graph, Hardware, Op, op_index
+from autolayout.core import ELEMENTWISE, Efficiency, Graph, Hardware, Op, op_index
 from autolayout.cost_models import (
     LOOP_OPS,
     Group,
@@ -249,13 +249,12 @@ def analyse(
     merge: bool = True,
     stacks_at_start: bool = False,
     barriers: bool = True,
-    select_and_scatter_expanded: bool = False,
-    weight_gradient_copies: bool = False,
+    lowering: Efficiency | None = None,
 ) -> Structure:
     """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent);
     ``merge=False`` keeps every op a decision of its own (no followers); ``stacks_at_start``,
-    ``barriers``, ``select_and_scatter_expanded`` and ``weight_gradient_copies`` as
-    :func:`~autolayout.cost_models.memory.lifetimes` takes them (the hardware's)."""
+    ``barriers`` and ``lowering`` as :func:`~autolayout.cost_models.memory.lifetimes` takes
+    them (the hardware's)."""
     free = free_tensors(g)
     fused = fused_ops(g)
     index = op_index(g)
@@ -370,7 +369,7 @@ def analyse(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
         root=root, followers=followers, reads=reads,
         boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
-        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers, select_and_scatter_expanded, weight_gradient_copies),
+        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers, lowering),
         index=index, share=share, ops=ops,
     )  # fmt: skip
 
@@ -383,10 +382,7 @@ def analyse_on(
 ) -> Structure:
     """:func:`analyse` as the planner runs it for ``hw``: its profile's scan-stack, remat
     barrier and lowering behaviour (``efficiency.scan_stacks_at_start``,
-    ``efficiency.remat_barriers``, ``efficiency.select_and_scatter_expanded``,
-    ``efficiency.weight_gradient_copies``)."""
+    ``efficiency.remat_barriers``, the efficiency table's lowering flags)."""
     e = hw.efficiency
-    return analyse(g, share=share, donated=donated,
-                   stacks_at_start=e.scan_stacks_at_start, barriers=e.remat_barriers,
-                   select_and_scatter_expanded=e.select_and_scatter_expanded,
-                   weight_gradient_copies=e.weight_gradient_copies)  # fmt: skip
+    return analyse(g, share=share, donated=donated, stacks_at_start=e.scan_stacks_at_start,
+                   barriers=e.remat_barriers, lowering=e)  # fmt: skip

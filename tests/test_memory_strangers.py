@@ -334,3 +334,62 @@ def test_the_searchs_walks_price_a_cnns_lowering_as_price_does():
     with_, without = (al.evaluate(wl, h, mesh=mesh, rules=rules, graph=g) for h in (hw, bare))
     assert (without.predicted["memory_bytes_per_device"]
             < 0.6 * with_.predicted["memory_bytes_per_device"])  # fmt: skip
+
+
+def _grouped_conv_step(groups: int) -> al.Workload:
+    """A 3x3 "SAME" convolution of 16 channels in ``groups`` groups (16: depthwise) over
+    8 images of 8x8, trained with plain SGD."""
+    dn = ("NHWC", "HWIO", "NHWC")
+    x = al.spec((8, 8, 8, 16), ("batch", "h", "w", "channels"))
+    w = jax.ShapeDtypeStruct((3, 3, 16 // groups, 16), jnp.float32)
+
+    def step(w, x):
+        def loss(w, x):
+            y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
+                                             feature_group_count=groups)  # fmt: skip
+            return jnp.sum(jnp.tanh(y) ** 2)
+
+        gw, gx = jax.grad(loss, argnums=(0, 1))(w, x)
+        return w - 0.1 * gw, gx
+
+    return al.Workload(step, (w, x))
+
+
+def test_a_depthwise_weight_gradient_is_priced_dense_on_xla_cpu_grouped_elsewhere():
+    """XLA:CPU runs a depthwise conv's weight gradient (batch_group_count = channels) as a
+    dense convolution over every pair of channels, then masks it to the diagonal and sums
+    (``depthwise_gradient_dense``); a GPU runs it grouped. The batch split 8 ways, one image
+    a device: grouped, 2 x 16 channels x 22^2 valid (position, tap) pairs (8 x 3 - 2 a dim)
+    = 15,488 FLOPs; dense, 16 x that = 247,808, and the mask's compare and select and the sum
+    over the 3x3x16 x 16 dense filter, 2,304 + 2,304 + 2,160 = 6,768: 254,576 (XLA:CPU's
+    cost_analysis of the same gradient: 16 x the grouped + 6,768). The forward conv and the
+    input gradient, and every conv of a 4-group conv (XLA:CPU runs its weight gradient
+    grouped, one more spatial dim: as many FLOPs), are priced alike on both."""
+    from conftest import check_request_prices_like_price
+
+    wl = _grouped_conv_step(16)
+    g = al.trace(wl)
+    mesh, rules = {"data": 8}, {"batch": "data"}
+    cpu, gpu = (al.evaluate(wl, h, mesh=mesh, rules=rules, graph=g) for h in ("cpu-8", "h100-8"))
+
+    def flops(p):
+        return {r["op"]: r["flops"] for r in p.ops if r["kind"] == "conv_general_dilated"}
+
+    (dense,) = [op.name for op in g.ops if op.param("depthwise_gradient") is not None]
+    assert flops(gpu)[dense] == 15_488 and flops(cpu)[dense] == 254_576
+    assert {k: v for k, v in flops(cpu).items() if k != dense} == {
+        k: v for k, v in flops(gpu).items() if k != dense
+    }
+    assert cpu.predicted["model_flops"] == gpu.predicted["model_flops"]  # the grouped work
+    v = al.validate(cpu, wl).set_index("quantity")
+    for row in ("flops", "memory"):
+        assert v.loc[row, "checked"] and v.loc[row, "ok"], v
+    assert v.loc["flops", "ratio"] == pytest.approx(1, abs=0.02), v
+    check_request_prices_like_price(wl, g, al.hardware("cpu-8"), choices=2, seed=1)
+
+    wl4 = _grouped_conv_step(4)
+    g4 = al.trace(wl4)
+    assert not any(op.param("depthwise_gradient") is not None for op in g4.ops)
+    cpu4, gpu4 = (al.evaluate(wl4, h, mesh=mesh, rules=rules, graph=g4)
+                  for h in ("cpu-8", "h100-8"))  # fmt: skip
+    assert flops(cpu4) == flops(gpu4)

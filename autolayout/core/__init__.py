@@ -30,6 +30,7 @@ from ._errors import RuleError as RuleError
 from ._errors import TraceError as TraceError
 from ._errors import WorkloadError as WorkloadError
 from ._hardware import Cluster as Cluster
+from ._hardware import Efficiency as Efficiency
 from ._hardware import Hardware as Hardware
 from ._hardware import Torus as Torus
 from ._hardware import hardware as hardware

@@ -278,6 +278,8 @@ def _conv(b, eqn, ins, outs):
         "feature_group_count": p["feature_group_count"],
         "batch_group_count": p["batch_group_count"],
     }
+    if bgc > 1 and bgc == ls[lb] == os_[of]:  # the depthwise weight gradient: its channels' axis
+        params["depthwise_gradient"] = of  # (XLA:CPU runs it dense: cost_models.sharding)
     return params, 2.0 * os_[ob] * os_[of] * rs[ri] * taps
 
 

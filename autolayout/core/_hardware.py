@@ -98,6 +98,13 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "operands, each made where the value is written",
             False,
         ),
+        "depthwise_gradient_dense": (
+            "bool",
+            "a depthwise convolution's weight gradient (a batch group per channel) runs as a "
+            "dense convolution over every pair of channels, then keeps the diagonal (a mask "
+            "and a sum): channels x the FLOPs, two channels x filter-sized buffers",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -205,6 +212,7 @@ class Efficiency:
     remat_barriers: bool = True  # a remat region's barrier reaches the scheduler
     select_and_scatter_expanded: bool = False  # max-pool gradients: argmax + scatter (XLA:CPU)
     weight_gradient_copies: bool = False  # 1-D/2-D conv weight gradients read copies
+    depthwise_gradient_dense: bool = False  # depthwise weight gradients dense, then a diagonal
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -324,6 +332,10 @@ class Hardware:
         if e.weight_gradient_copies:
             lines.append(
                 "  memory       convolutions' weight gradients read copies of their operands"
+            )
+        if e.depthwise_gradient_dense:
+            lines.append(
+                "  compute      depthwise weight gradients as dense convolutions and a diagonal"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -579,6 +591,7 @@ def _build(
         e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
         e.get("scan_stacks_at_start", False), e.get("remat_barriers", True),
         e.get("select_and_scatter_expanded", False), e.get("weight_gradient_copies", False),
+        e.get("depthwise_gradient_dense", False),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
