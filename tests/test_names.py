@@ -123,12 +123,37 @@ def test_resized_and_weight_names():
     assert resized_name("height", 224, 7) == "height_32nd"
     assert resized_name("height", 99, 33) == "height_3rd"
     assert resized_name("seq", 16, 15) == "seq-1"
+    assert resized_name("height", 12, 9) == "height-3"  # most of a dim: a valid conv's
+    # at most half of it, not a multiple: the fraction (BigBird's 3 of 64 blocks, seq-3904)
+    assert resized_name("seq", 4096, 192) == "seq_3_64ths"
+    assert resized_name("seq", 32, 12) == "seq_3_8ths"
+    assert resized_name("seq", 4096, 448) == "seq_7_64ths"
     assert resized_name("seq", 16, 64) == "seq+48"
     assert resized_name("seq", 16, 16) == "seq_table"
     assert path_name("params/model/layers/17/mlp/down_proj/kernel") == "down_proj"
     assert path_name("params/w1") == "w1"
     assert path_name("batch/0") == "batch_0"  # a tuple's leaf: never a bare number
     assert path_name("params/3/0") == "params_0"  # nor a layer's index
+
+
+def test_big_birds_pieces_are_named_by_what_they_are_of():
+    """BigBird's bands of blocks were named by a raw difference (``seq-20``: 12 of 32
+    positions; at 4096, ``seq-3904``, ``seq-3648``), and its middle blocks after the
+    positions (``seq-26``, ``seq-4034``): now the fraction of the sequence they are
+    (``seq_3_8ths``), and of the blocks, all but the first and the last (``seq_outer-2``)."""
+    if any(importlib.util.find_spec(lib) is None for lib in LIBRARY.values()):
+        pytest.skip("the libraries extra is not installed (pip install -e '.[libraries]')")
+    import os
+    import sys
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    sys.path.insert(0, str(MODELS))
+    import catalogue
+
+    dims = al.trace(catalogue.ENTRIES["hf_big_bird_clm"].build("tiny")).dims
+    assert dims["seq_3_8ths"] == 12 and dims["seq_outer-2"] == 6, dims
+    assert dims["seq-1"] == 31  # the shifted targets
+    assert not [d for d in dims if re.fullmatch(r"seq-\d+", d) and int(d[4:]) > dims[d]], dims
 
 
 def test_a_weight_is_named_without_its_axis_index():
@@ -162,6 +187,30 @@ def test_experts_are_found_from_the_routing_pattern():
     assert dims["params/layers/0/w2"] == ("experts", "d_ff", "d_model")
     assert g.dims["experts"] == 4 and g.dims["top_k"] == 2 and g.dims["capacity"] == 10
     assert {"heads", "kv_heads", "q_per_kv"} <= set(g.dims), g.dims  # the grouped queries
+
+
+@pytest.mark.parametrize("dispatch", ["ragged", "dense"])
+def test_experts_are_found_from_a_sorted_dispatch(dispatch):
+    """Issue 35.3: an MoE that sorts its tokens by expert (``argsort`` of the top-k's choices,
+    a gather of the tokens' rows, ``lax.ragged_dot`` with ``bincount`` group sizes, or a loop
+    over the experts' rows; a scatter-add or ``segment_sum`` back) named its experts twice
+    (``router``, ``w_in_in``), d_ff ``w_in`` and the rest by op id, a set per layer
+    (``top_k.107:1``, ``iota.110:0``, ``reshape.114:0``, ``top_k.259:1``...): now one
+    ``experts`` from the routing pattern, ``top_k``, the sorted rows ``batch*seq*top_k``,
+    ``d_ff``, whatever the depth."""
+    path = MODELS / "corpus/moe_sorted.py"
+    g = al.trace(al.load_workload(path, dispatch=dispatch))
+    assert not bad_names(g), g.dims
+    dims = {g.tensors[t].path: g.tensors[t].dims for t in g.inputs}
+    assert dims["params/blocks/1/router"] == ("d_model", "experts")
+    assert dims["params/blocks/0/w_in"] == ("experts", "d_model", "d_ff")
+    assert dims["params/blocks/1/w_out"] == ("experts", "d_ff", "d_model")
+    assert g.dims["experts"] == 4 and g.dims["top_k"] == 2 and g.dims["d_ff"] == 128
+    assert g.dims["batch*seq*top_k"] == 16 * 32 * 2
+    assert g.dims == al.trace(al.load_workload(path, dispatch=dispatch, layers=3)).dims
+    # as many experts as layers: a loop reading a row of each is over the experts
+    three = al.trace(al.load_workload(path, dispatch=dispatch, layers=3, experts=3)).dims
+    assert three["experts"] == 3 and "layers" not in three, three
 
 
 def _scanned_moe():

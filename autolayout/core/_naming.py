@@ -397,11 +397,14 @@ def _grow(b, pg, root, label, claim, origin, wider: bool, free=None) -> None:
             rx, ry = root[x], root[y]
             for r, q in ((ry, rx), (rx, ry)) if both else ((ry, rx),):
                 if r >= 0 and q in label and r not in label:
-                    name, n = origin.get(q) or (base_of(label[q]), sizes[q])
+                    own = (base_of(label[q]), sizes[q])
+                    name, n = origin.get(q) or own
                     if sizes[r] > sizes[q] and sizes[r] != n and not wider:
                         continue
+                    if sizes[r] < sizes[q] < n and n % sizes[r] and not n % sizes[q]:
+                        name, n = own  # an uneven piece of an even part, after the part
+                        # (BigBird's middle blocks: seq_outer-2 of 64 blocks, not seq-4034)
                     got = name if n == sizes[r] else resized_name(name, n, sizes[r])
-                    own = (base_of(label[q]), sizes[q])
                     if free is not None and own != (name, n) and not free(got, r):
                         # another family's dim that a tensor holds with it: named after the
                         # dim it was cut from (BigBird's band of 4 of 8 key blocks is

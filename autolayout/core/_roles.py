@@ -36,6 +36,7 @@ from the program's structure alone (no library is special-cased):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -154,6 +155,8 @@ class _Program:
         self.reshaped: dict[int, tuple[int, tuple]] = {}  # result -> (operand, groups)
         self.top_ks: list[tuple[int, list[int]]] = []  # (operand, results)
         self.rows: list[tuple[int, int, int]] = []  # (operand, axis, start) of 1-row slices
+        self.row_of: dict[int, int] = {}  # a 1-row slice -> its operand
+        self.grouped: list[tuple] = []  # (op, lhs, rhs, result, group sizes) of ragged dots
         self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
         self.fused: list[tuple[int, int, dict]] = []  # (q, k, axes) of fused attention kernels
         self.windows: list[tuple[int, int, tuple]] = []  # (input, result, window) of pooling
@@ -181,6 +184,8 @@ class _Program:
                 self.reductions.append((ins[0], op.param("reduced_axes", ())))
             elif prim == "dot_general" and len(ins) == 2:
                 self.dots.append((op, ins[0], ins[1], outs[0]))
+            elif prim == "ragged_dot_general" and len(ins) == 3:
+                self.grouped.append((op, ins[0], ins[1], outs[0], ins[2]))
             elif prim == "reshape" and ins:
                 self.reshapes.append((ins[0], outs[0], op.param("groups", ())))
                 self.reshaped[outs[0]] = (ins[0], op.param("groups", ()))
@@ -208,6 +213,7 @@ class _Program:
                                                             strict=True)) if m != n]  # fmt: skip
                     if len(cut) == 1 and b.shapes[outs[0]][cut[0]] == 1:
                         self.rows.append((ins[0], cut[0], op.param("start")[cut[0]]))
+                        self.row_of[outs[0]] = ins[0]
                 for i in ins[1:2] if prim == "dynamic_update_slice" else ins:
                     for o in outs:
                         if len(b.shapes[i]) == len(b.shapes[o]):
@@ -493,7 +499,10 @@ def role_names(
         add(x, "head_dim")
     for x in dict.fromkeys(seqs):  # the queries' and the keys' positions (patches, frames)
         add(x, "seq")
-    for name, xs in _routing(b, pg, r, batch, carried).items():
+    routing = _routing(b, pg, r, batch, carried)
+    if routing:  # a loop over as many experts as layers reads a row of each, as the layers do
+        out[:] = [(x, n) for x, n in out if n != "layers" or x not in routing["experts"]]
+    for name, xs in routing.items():
         for x in xs:
             add(x, name)
     if not d_model and heads and carried:
@@ -532,26 +541,38 @@ def role_names(
     makes: dict[int, set[int]] = {}  # any weight's matmul: the dims it makes, it contracts
     eats: dict[int, set[int]] = {}
     dm = set(d_model)
-    for op, lhs, rhs, _ in pg.dots:  # (in program order: the forward's first)
+    experts = set(routing.get("experts", ()))
+    weights = set(pg.weights)
+
+    def expert_weight(t: int) -> int:  # the stacked experts' weight ``t`` is, or a row of
+        s = pg.source(b, t)  # (``w_in[e]``), else -1
+        s = pg.source(b, pg.row_of.get(s, s))
+        return s if s in weights and any(r(s, a) in experts for a in range(len(shapes[s]))) else -1
+
+    for op, lhs, rhs, _ in pg.dots + [g[:4] for g in pg.grouped]:  # (the forward's first)
         ts = [lhs, rhs]
         acts = [any(r(t, a) in batch for a in range(len(shapes[t]))) for t in ts]
+        stacked = [expert_weight(t) for t in ts] if experts else [-1, -1]
+        if acts.count(True) != 1 and stacked.count(-1) == 1:  # an expert's matmul of the
+            acts = [s < 0 for s in stacked]  # tokens sorted by expert (no batch axis)
         if acts.count(True) != 1:
             continue
         side = acts.index(False)
         w = ts[side]
+        src = pg.source(b, w) if stacked[side] < 0 else stacked[side]
         con = {c[side] for c in op.param("contracting", ())}
         free = {r(w, a) for a in range(len(shapes[w])) if a not in con}
         cdims = {r(w, a) for a in con}
         for x in sorted(free):
-            makes.setdefault(x, set()).add(pg.source(b, w))
+            makes.setdefault(x, set()).add(src)
         for x in cdims:
-            eats.setdefault(x, set()).add(pg.source(b, w))
+            eats.setdefault(x, set()).add(src)
         if cdims & dm:
             for x in free - dm:
-                made.setdefault(x, set()).add(pg.source(b, w))
+                made.setdefault(x, set()).add(src)
         if free & dm:
             for x in cdims - dm:
-                eaten.setdefault(x, set()).add(pg.source(b, w))
+                eaten.setdefault(x, set()).add(src)
     skip = set(heads) | set(head_dim) | merged
 
     def size(x: int) -> int:  # a class's axes are of one size: its root's
@@ -612,9 +633,11 @@ def role_names(
 def _routing(b, pg, r, batch: set[int], carried: dict[int, int]) -> dict[str, list[int]]:
     """A mixture of experts from its routing pattern: a top-k over a router's logits (their
     last axis a weight's: the router's) whose size is a batch dim of weights' dots with the
-    activations (the stacked experts' weights ``[experts, d_model, d_ff]``): ``experts`` on
-    both sides (one dim: no tensor holds both), ``top_k`` the choices per token, and
-    ``capacity`` the activations' other dims of those dots (each expert's slots)."""
+    activations (the stacked experts' weights ``[experts, d_model, d_ff]``), the groups of a
+    grouped matmul (tokens sorted by expert: ``lax.ragged_dot``), or the axis of a stacked
+    weight a loop reads every row of: ``experts`` on both sides (one dim: no tensor holds
+    both), ``top_k`` the choices per token, and ``capacity`` the activations' other dims of
+    the dots (each expert's slots; sorted tokens' rows are ``batch*seq*top_k``)."""
     out: dict[str, list[int]] = {"experts": [], "capacity": [], "top_k": []}
     shapes = b.shapes
     routers: dict[int, list[int]] = {}  # experts -> the routers' logits' last axes
@@ -644,6 +667,18 @@ def _routing(b, pg, r, batch: set[int], carried: dict[int, int]) -> dict[str, li
             slots = [r(act, a) for a in range(len(shapes[act])) if a not in used]
             out["experts"] += [*routers[n], r(ts[w], pair[w])]
             out["capacity"] += [y for y in slots if y not in batch]
+    for _, _, _, _, gs in pg.grouped:  # tokens sorted by expert: a grouped matmul's groups
+        n = shapes[gs][-1] if shapes[gs] else 0  # (lax.ragged_dot's group sizes, linked to
+        if n in routers:  # the stacked weights' leading axis)
+            out["experts"] += [*routers[n], r(gs, len(shapes[gs]) - 1)]
+    weights = set(pg.weights)
+    read: dict[tuple[int, int], set[int]] = {}  # or a loop over the experts: every row of a
+    for t, a, start in pg.rows:  # stacked weight read once (``w_in[e]``)
+        if pg.source(b, t) in weights and shapes[t][a] in routers:
+            read.setdefault((r(t, a), shapes[t][a]), set()).add(start)
+    for (x, n), starts in read.items():
+        if len(starts) == n:
+            out["experts"] += [*routers[n], x]
     if not out["experts"]:  # a top-k that routes to no experts (a sampler's)
         return {}
     return {name: list(dict.fromkeys(xs)) for name, xs in out.items()}
@@ -673,14 +708,22 @@ def resized_name(name: str, n: int, m: int) -> str:
     """The name of a piece of size ``m`` of the dim ``name`` of size ``n`` (a slice, a split,
     a pad or a concatenate between them): ``head_dim_half`` (RoPE's halves), ``height_4th``
     (a conv of stride 4; ResNet-50's last planes ``height_32nd``), ``seq-1`` (the
-    shifted targets), ``seq+48`` (a table of every position sliced to the sequence); the rows
-    of a table that ``name`` indexes, of its size, are ``seq_table``."""
+    shifted targets; most of a dim, a valid conv's ``height-3``), ``seq_3_64ths`` (at most
+    half of it, the fraction it is: BigBird's band of 3 of 64 blocks, was ``seq-3904``),
+    ``seq+48`` (a table of every position sliced to the sequence); the rows of a table that
+    ``name`` indexes, of its size, are ``seq_table``."""
+
+    def ordinal(k: int) -> str:
+        return "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+
     if m < n:
         k = n // m
         if n % m:
-            return f"{name}-{n - m}"
-        last = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
-        return f"{name}_half" if k == 2 else f"{name}_{k}{last}"
+            if n - m < m:
+                return f"{name}-{n - m}"
+            g = math.gcd(n, m)
+            return f"{name}_{m // g}_{n // g}{ordinal(n // g)}s"
+        return f"{name}_half" if k == 2 else f"{name}_{k}{ordinal(k)}"
     return f"{name}+{m - n}" if m > n else f"{name}_table"
 
 
