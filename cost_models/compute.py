@@ -21,6 +21,7 @@ from autolayout.core import (
 )
 
 MATRIX_OPS = frozenset({"dot_general", "conv_general_dilated"})
+GROUPED_MATMUL = "ragged_dot_general"  # a matmul per group (lax.ragged_dot): on the roofline too
 KERNEL_OPS = frozenset({"pallas_call"})  # priced from their cost estimate, on the matrix peak
 ATTENTION_OPS = frozenset(ATTENTION_FWD + ATTENTION_BWD)  # fused: priced as one kernel each
 _DTYPE_KEYS = {
@@ -124,7 +125,8 @@ def op_time(
         )
         rate = peak_flops(hw, dtype) * (e.attention if e.attention is not None else e.matmul)
         return max(flops / rate, memory) + e.attention_call_s * share
-    if (primitive not in MATRIX_OPS and primitive not in KERNEL_OPS) or flops <= 0:
+    matrix = primitive in MATRIX_OPS or primitive in KERNEL_OPS or primitive == GROUPED_MATMUL
+    if not matrix or flops <= 0:
         return memory + launch
     eff = e.conv3d if spatial == 3 and e.conv3d is not None else e.matmul
     return max(flops / (peak_flops(hw, dtype, precision) * eff), memory) + launch

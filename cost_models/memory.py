@@ -26,7 +26,8 @@ argmax in the forward pass (an int32 iota per dim of its operand, int32 indices 
 result) and a scatter into zeros allocated at the step's start, each 1-D or 2-D convolution's
 weight gradient on transposed copies of its operands, made where each is written (a
 stranger's linen CNN on cpu-8 was predicted at 0.48x XLA's memory before, 0.93x with them),
-and a depthwise convolution's weight gradient as a dense one, masked to its diagonal.
+and a depthwise convolution's weight gradient as a dense one, masked to its diagonal
+(``ragged_dot_dense``: an MoE's grouped matmul, masked per group, likewise).
 
 A remat region's optimization barrier keeps its recomputation in the backward pass, where
 the compiler keeps the barrier. XLA:CPU expands the barriers before it schedules, and then
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 
 from autolayout.core import ELEMENTWISE, LOOP_OPS, Efficiency, Graph, hoisted, per_graph
 
-from .sharding import fused_ops
+from .sharding import fused_ops, ragged_operands
 
 VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
 _DUPLICABLE = frozenset(ELEMENTWISE) - {"optimization_barrier"}
@@ -314,7 +315,13 @@ def lowering_buffers(
     alive at the op (sized at the whole channel count: exact where the channels are not
     split, above XLA's by the channels' split where they are). Measured (the tiny Keras
     MobileNet, cpu-8, batch 1 a device): 8.45 MB of XLA's where 3.67 MB were predicted
-    before; the 256-channel layer's two 2.36 MB filters at the peak."""
+    before; the 256-channel layer's two 2.36 MB filters at the peak.
+
+    ``ragged_dot_dense``: a ``ragged_dot`` as jax lowers it for XLA:CPU: each ragged operand
+    masked per group (groups x its size, sized in its own layout: under by the gather where
+    the weight gradient reads rows split elsewhere whole), one copy an operand (XLA merges a
+    forward's and its weight gradient's) alive from its first such reader to its last, and
+    the forward's and the input gradient's weight copied group-major at the op."""
     loop_start = loop_start or {}
     written: dict[str, int] = {}
     for i, op in enumerate(ops):
@@ -332,6 +339,7 @@ def lowering_buffers(
         )
 
     out: list[tuple[str, int, int]] = []
+    ragged: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
         if lowering.select_and_scatter_expanded and op.primitive == "select_and_scatter_add":
             src, x = op.inputs[0], op.inputs[1]
@@ -347,6 +355,14 @@ def lowering_buffers(
             out += [(t, min(i, written.get(t, origin(op))), i) for t in op.inputs]
         if lowering.depthwise_gradient_dense and op.param("depthwise_gradient") is not None:
             out += [(op.outputs[0], i, i)] * (2 * op.param("batch_group_count"))
+        if lowering.ragged_dot_dense and op.primitive == "ragged_dot_general":
+            masked, weight = ragged_operands(g, op)
+            for t in masked:  # one masked copy an operand (XLA merges them), to its last reader
+                span = ragged.setdefault(t, [i, i, g.tensors[op.inputs[2]].shape[-1]])
+                span[1] = i
+            out += [(weight, i, i)] if weight is not None else []  # copied group-major
+    for t, (first, last, groups) in ragged.items():
+        out += [(t, first, last)] * groups
     return out
 
 

@@ -393,3 +393,47 @@ def test_a_depthwise_weight_gradient_is_priced_dense_on_xla_cpu_grouped_elsewher
     cpu4, gpu4 = (al.evaluate(wl4, h, mesh=mesh, rules=rules, graph=g4)
                   for h in ("cpu-8", "h100-8"))  # fmt: skip
     assert flops(cpu4) == flops(gpu4)
+
+
+def _ragged_moe_step(rows: int = 64) -> al.Workload:
+    """Two grouped matmuls (``lax.ragged_dot``) of an MoE's sorted tokens through 4 experts
+    (16 -> 32 -> 16), trained with plain SGD; the group sizes are the step's input."""
+    x = al.spec((rows, 16), ("batch", "d_model"))
+    w1 = al.spec((4, 16, 32), ("experts", "d_model", "d_ff"))
+    w2 = al.spec((4, 32, 16), ("experts", "d_ff", "d_model"))
+
+    def step(w1, w2, x, sizes):
+        def loss(w1, w2, x):
+            h = jax.nn.silu(jax.lax.ragged_dot(x, w1, sizes))
+            return jnp.sum(jnp.tanh(jax.lax.ragged_dot(h, w2, sizes)) ** 2)
+
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x)
+        return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+    return al.Workload(step, (w1, w2, x, jax.ShapeDtypeStruct((4,), jnp.int32)))
+
+
+def test_a_ragged_dot_is_priced_dense_on_xla_cpu_grouped_elsewhere():
+    """jax lowers ``lax.ragged_dot`` for XLA:CPU densely (``ragged_dot_dense``): each ragged
+    operand broadcast over the 4 groups and masked, one matmul over every group. d_ff split 8
+    ways: the forward's first matmul, 64 x 16 x 4 of 32, grouped 2 x 64 x 16 x 4 = 8,192
+    FLOPs; dense 4 x that and the mask (2 compares, an and, a select) over the masked
+    4 x 64 x 16 rows: 32,768 + 16,384 = 49,152. A GPU keeps the grouped price; the model
+    FLOPs are the grouped work on both."""
+    from conftest import check_request_prices_like_price
+
+    wl = _ragged_moe_step()
+    g = al.trace(wl)
+    mesh, rules = {"data": 8}, {"d_ff": "data"}
+    cpu, gpu = (al.evaluate(wl, h, mesh=mesh, rules=rules, graph=g) for h in ("cpu-8", "h100-8"))
+
+    def flops(p):
+        return {r["op"]: r["flops"] for r in p.ops if r["kind"] == "ragged_dot_general"}
+
+    first = next(op.name for op in g.ops if op.primitive == "ragged_dot_general")
+    assert flops(gpu)[first] == 8_192 and flops(cpu)[first] == 49_152
+    assert all(flops(cpu)[k] > 4 * v for k, v in flops(gpu).items())
+    assert cpu.predicted["model_flops"] == gpu.predicted["model_flops"]
+    v = al.validate(cpu, wl).set_index("quantity")
+    assert v["checked"].all() and v["ok"].all(), v  # collectives, FLOPs within 10%, memory 2x
+    check_request_prices_like_price(wl, g, al.hardware("cpu-8"), choices=2, seed=1)

@@ -105,6 +105,13 @@ SCHEMA: dict[str, dict[str, tuple[str, str, bool]]] = {
             "and a sum): channels x the FLOPs, two channels x filter-sized buffers",
             False,
         ),
+        "ragged_dot_dense": (
+            "bool",
+            "a grouped matmul (lax.ragged_dot) runs as one dense matmul over every group, its "
+            "ragged operands masked per group: groups x the FLOPs, groups x each ragged "
+            "operand's buffer",
+            False,
+        ),
     },
     "naming": {
         "counts": (
@@ -213,6 +220,7 @@ class Efficiency:
     select_and_scatter_expanded: bool = False  # max-pool gradients: argmax + scatter (XLA:CPU)
     weight_gradient_copies: bool = False  # 1-D/2-D conv weight gradients read copies
     depthwise_gradient_dense: bool = False  # depthwise weight gradients dense, then a diagonal
+    ragged_dot_dense: bool = False  # ragged_dot as a dense matmul over every group, masked
 
 
 DCN_LATENCY_S = 1e-5  # between slices when a profile gives none: an assumption, not sourced
@@ -336,6 +344,10 @@ class Hardware:
         if e.depthwise_gradient_dense:
             lines.append(
                 "  compute      depthwise weight gradients as dense convolutions and a diagonal"
+            )
+        if e.ragged_dot_dense:
+            lines.append(
+                "  compute      grouped matmuls (ragged_dot) dense over every group, masked"
             )
         lines.append(f"  profile      {self.source}")
         return "\n".join(lines)
@@ -591,7 +603,7 @@ def _build(
         e.get("kernel_s", 0.0), e.get("scan_stack_passes", 0.0),
         e.get("scan_stacks_at_start", False), e.get("remat_barriers", True),
         e.get("select_and_scatter_expanded", False), e.get("weight_gradient_copies", False),
-        e.get("depthwise_gradient_dense", False),
+        e.get("depthwise_gradient_dense", False), e.get("ragged_dot_dense", False),
     )  # fmt: skip
     if count is None:
         if "devices" not in top:
