@@ -14,6 +14,7 @@ import pytest
 
 import autolayout as al
 from autolayout.core import accumulate, op_labels, op_layers
+from autolayout.core._ir import name_size
 from autolayout.core._roles import instance_free, path_name, resized_name
 
 MODELS = Path(__file__).resolve().parent.parent / "experiments/models"
@@ -70,14 +71,17 @@ def instance_named(g: al.Graph) -> list[str]:
 
 def bad_names(g: al.Graph) -> list[str]:
     """Dims named by an op id, a weight's axis index or a layer copy: ``X#k`` is a further
-    dim of a family only where ``X`` is a dim of the same family (``seq#2``: the keys)."""
+    dim of a family only where ``X`` is a dim of the same family (``seq#2``: the keys), or
+    of a name at one of its sizes (``channels(64)#2``)."""
     out = []
     for d, info in g.dim_info.items():
         if OP_ID.search(d) or INDEX.search(d) or NUMBER.search(d):
             out.append(d)
-        elif "#" in d:
-            base = g.dim_info.get(d.split("#", 1)[0])
-            if base is None or base.family != info.family:
+        elif "#" in d:  # (or a further dim of one name and size that a tensor holds with
+            # it: a conv's in and out channels of one size, channels(64) and channels(64)#2)
+            first = d.split("#", 1)[0]
+            base = g.dim_info.get(first)
+            if base is None or base.family != info.family and name_size(first) != info.size:
                 out.append(d)
     return out
 
@@ -281,12 +285,15 @@ def test_convolutions_name_their_planes_windows_and_pieces():
     """A Flax CNN names nothing: its image's planes are height and width, max-pooled to
     height_half, average-pooled to height_4th (named from the image's plane, not
     height_half_half), its kernels' windows kernel_height and kernel_width (were Conv_1_in,
-    Conv_1), one dim for every conv."""
+    Conv_1), one dim for every conv, its channels channels(3) (the image's), channels(32)...
+    (were Conv_0, Conv_1)."""
     g = al.trace(al.load_workload(MODELS / "corpus/cnn.py"))
     assert {"height", "height_half", "height_4th", "kernel_height", "kernel_width"} <= set(g.dims)
     dims = {g.tensors[t].path: g.tensors[t].dims for t in g.inputs}
-    assert dims["params/Conv_0/kernel"][:3] == ("kernel_height", "kernel_width", "channels")
+    assert dims["params/Conv_0/kernel"][:3] == ("kernel_height", "kernel_width", "channels(3)")
     assert dims["params/Conv_1/kernel"][:2] == ("kernel_height", "kernel_width")
+    assert dims["params/Conv_2/kernel"][2:] == ("channels(8)", "channels(16)")
+    assert dims["params/BatchNorm_0/scale"] == dims["params/Conv_1/kernel"][3:] == ("channels(8)",)
 
 
 def test_a_model_is_named_after_its_file_unless_it_says_otherwise(tmp_path):
@@ -314,7 +321,8 @@ def test_a_model_is_named_after_its_file_unless_it_says_otherwise(tmp_path):
 def test_a_name_at_several_sizes_is_a_dim_per_size_and_every_further_dim_has_its_base():
     """A list of convs (32, 64 and 64 channels: the last two of other families) and two
     kernel sizes: each size its own dim named with it (Mesh-TF's name and size), the
-    further 64 ``convs(64)#2`` beside ``convs(64)``, never a ``#k`` of a name no dim has."""
+    further 64 ``channels(64)#2`` beside ``channels(64)`` (were ``convs(64)#2``, the list's
+    name), never a ``#k`` of a name no dim has."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -336,10 +344,10 @@ def test_a_name_at_several_sizes_is_a_dim_per_size_and_every_further_dim_has_its
               "out": jax.ShapeDtypeStruct((64, 10), f32)}  # fmt: skip
     batch = (jax.ShapeDtypeStruct((8, 16, 16, 3), f32), jax.ShapeDtypeStruct((8,), jnp.int32))
     g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
-    assert {"convs(32)", "convs(64)", "convs(64)#2", "kernel_height(5)", "kernel_height(3)"} <= set(
-        g.dims
-    ), list(g.dims)
-    assert "convs" not in g.dims and "kernel_height" not in g.dims
+    assert {"channels(3)", "channels(32)", "channels(64)", "channels(64)#2", "kernel_height(5)",
+            "kernel_height(3)"} <= set(g.dims), list(g.dims)  # fmt: skip
+    assert "channels" not in g.dims and "kernel_height" not in g.dims
+    assert not any(d.startswith("convs") for d in g.dims) and not bad_names(g), list(g.dims)
     assert set(g.named("kernel_height")) == {"kernel_height(5)", "kernel_height(3)"}
     assert all(d.split("#")[0] in g.dims for d in g.dims if "#" in d), list(g.dims)
 
@@ -511,3 +519,149 @@ def test_a_shared_weight_stacks_gradients_are_where_their_weights_are():
     assert _layer_key(["layers", "w1"]) == "layers" and _layer_key(["layers", "3"]) == "layers.3"
     assert _where("w2 grad", "(other)") == "w2 grad (other)"
     assert _where("w2 grad", "layers.3") == "w2 grad (layers.3)"
+
+
+def _channels(g: al.Graph) -> dict[str, int]:
+    return {d: n for d, n in g.dims.items() if d.split("#")[0].split("(")[0] == "channels"}
+
+
+def test_a_keras_style_cnns_channels_are_channels_not_its_batchnorms_weights():
+    """Issue 35.3: Keras ResNet's channels were named by a BatchNorm's parameter with its
+    block's indices (``conv2_block1_1_bn_beta``, ``beta``). A conv's feature axes (its
+    kernel's in and out, and the scales, biases and residual adds linked to them) are
+    ``channels``, with their size where there are several (``channels(8)``; a 3x3 conv of 8
+    into 8: ``channels(8)#2``), the image's too (``channels(3)``)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def conv_bn(p, name, x, stride=1):
+        x = jax.lax.conv_general_dilated(x, p[f"{name}_conv"]["kernel"], (stride, stride),
+                                         "SAME", dimension_numbers=dn)  # fmt: skip
+        mean, var = x.mean((0, 1, 2)), x.var((0, 1, 2))
+        bn = p[f"{name}_bn"]
+        return (x - mean) * jax.lax.rsqrt(var + 1e-3) * bn["gamma"] + bn["beta"]
+
+    def loss_fn(p, batch):
+        x, y = batch
+        x = jax.nn.relu(conv_bn(p, "conv1", x, 2))
+        h = jax.nn.relu(conv_bn(p, "conv2_block1_1", x))
+        h = jax.nn.relu(conv_bn(p, "conv2_block1_2", h))
+        x = jax.nn.relu(conv_bn(p, "conv2_block1_0", x) + conv_bn(p, "conv2_block1_3", h))
+        logits = x.mean((1, 2)) @ p["predictions"]["kernel"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    f32 = jnp.float32
+    shapes = {"conv1": (7, 7, 3, 16), "conv2_block1_1": (1, 1, 16, 8),
+              "conv2_block1_2": (3, 3, 8, 8), "conv2_block1_0": (1, 1, 16, 32),
+              "conv2_block1_3": (1, 1, 8, 32)}  # fmt: skip
+    params = {"predictions": {"kernel": jax.ShapeDtypeStruct((32, 10), f32)}}
+    for name, s in shapes.items():
+        params[f"{name}_conv"] = {"kernel": jax.ShapeDtypeStruct(s, f32)}
+        params[f"{name}_bn"] = {k: jax.ShapeDtypeStruct(s[-1:], f32) for k in ("gamma", "beta")}
+    batch = (jax.ShapeDtypeStruct((8, 16, 16, 3), f32), jax.ShapeDtypeStruct((8,), jnp.int32))
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
+    assert _channels(g) == {"channels(3)": 3, "channels(16)": 16, "channels(8)": 8,
+                            "channels(8)#2": 8, "channels(32)": 32}, g.dims  # fmt: skip
+    dims = {g.tensors[t].path: g.tensors[t].dims for t in g.inputs}
+    assert dims["params/conv2_block1_2_conv/kernel"][2:] == ("channels(8)", "channels(8)#2")
+    assert dims["params/conv2_block1_3_bn/beta"] == ("channels(32)",)
+    assert not any("beta" in d or "block" in d or "conv" in d for d in g.dims), g.dims
+    assert not bad_names(g), g.dims
+
+
+def test_an_equinox_sequential_cnn_is_named_by_roles_and_module_kinds_not_its_container():
+    """Issue 35.3: Equinox keeps layers in a list (``eqx.nn.Sequential.layers``); its
+    weights' paths (``layers/4/weight``) named their dims after the container, ``layers``
+    (the stacked layers' role: ``layers(3)``, ``layers(192)``, ``layers_in``, ``layers(64)``)
+    and its ops ``layers``. Now the conv's outputs are ``channels``, its flattened output
+    ``features``, the dense head's widths ``hidden``, ``hidden2``, and each op is its
+    module's kind (``Linear``, ``Linear grad``, ``Conv``)."""
+    eqx = pytest.importorskip("equinox")
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    model = eqx.nn.Sequential([
+        eqx.nn.Conv2d(1, 3, kernel_size=4, key=keys[0]),
+        eqx.nn.Lambda(jax.nn.relu),
+        eqx.nn.Lambda(jnp.ravel),
+        eqx.nn.Linear(3 * 9 * 9, 32, key=keys[1]),
+        eqx.nn.Lambda(jax.nn.relu),
+        eqx.nn.Linear(32, 24, key=keys[2]),
+        eqx.nn.Lambda(jax.nn.relu),
+        eqx.nn.Linear(24, 10, key=keys[3]),
+    ])  # fmt: skip
+    arrays, static = eqx.partition(model.layers, eqx.is_array)  # params/layers/4/weight
+    params = {"layers": jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)}
+
+    def loss_fn(p, batch):
+        x, y = batch
+        m = eqx.nn.Sequential(list(eqx.combine(p["layers"], static)))
+        logits = jax.vmap(m)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    batch = (jax.ShapeDtypeStruct((8, 1, 12, 12), jnp.float32),
+             jax.ShapeDtypeStruct((8,), jnp.int32))  # fmt: skip
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
+    assert g.dims == {"batch": 8, "height": 12, "width": 12, "channels": 3, "height-3": 9,
+                      "width-3": 9, "features": 243, "hidden": 32, "hidden2": 24,
+                      "classes": 10, "kernel_height": 4, "kernel_width": 4}, g.dims  # fmt: skip
+    labels = set(op_labels(g).values())
+    assert {"Conv", "Linear", "Linear bwd", "Linear grad"} <= labels, labels
+    assert not any(lab.split()[0] == "layers" for lab in labels), labels
+    assert not bad_names(g), g.dims
+
+
+def test_a_container_of_modules_never_names_a_dim_layers():
+    """A path that names only a container (a list's or ``eqx.nn.Sequential``'s attribute, a
+    linen ``nn.Sequential``'s ``layers_0``) is named by its module's kind where a scope shows
+    it, else by its leaf or the list's own name, never ``layers``; a module's name after
+    the container still names it."""
+    from autolayout.core._roles import module_kind
+
+    assert path_name("params/layers/4/weight", "Linear") == "Linear"
+    assert path_name("params/layers/4/weight") == "weight"
+    assert path_name("opt_state/0/mu/layers/4/weight") == "weight"
+    assert path_name("params/layers_0/kernel") == "kernel"
+    assert path_name("params/convs/0") == "convs"
+    assert path_name("params/model/layers/17/mlp/down_proj/kernel", "Linear") == "down_proj"
+    assert module_kind("eqx.nn.Linear") == "Linear" and module_kind("Dense_0") == "Dense"
+    assert module_kind("layers.3") is None and module_kind("") is None
+
+
+def test_a_linen_cnn_without_logical_names_names_its_channels_and_features():
+    """A Flax linen CNN with no logical names (Flax's MNIST tutorial's): its channels were
+    its convs' instance names (``Conv_0``, ``Conv_1``) and the flattened conv output the
+    dense layer's (``Dense_0_in``); now ``channels(32)``, ``channels(64)``, ``features``
+    (the dense layer's width ``hidden``)."""
+    nn = pytest.importorskip("flax.linen")
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.avg_pool(nn.relu(nn.Conv(32, (3, 3))(x)), (2, 2), (2, 2))
+            x = nn.avg_pool(nn.relu(nn.Conv(64, (3, 3))(x)), (2, 2), (2, 2))
+            x = nn.relu(nn.Dense(48)(x.reshape(x.shape[0], -1)))
+            return nn.Dense(10)(x)
+
+    model = CNN()
+    x = jax.ShapeDtypeStruct((8, 8, 8, 1), jnp.float32)
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
+
+    def loss_fn(p, batch):
+        logits = model.apply({"params": p}, batch[0])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[1]).mean()
+
+    batch = (x, jax.ShapeDtypeStruct((8,), jnp.int32))
+    g = al.trace(al.train_workload(loss_fn, optax.adam(1e-3), params, batch, lambda rng: None))
+    assert _channels(g) == {"channels(32)": 32, "channels(64)": 64}, g.dims
+    assert g.dims["features"] == 2 * 2 * 64 and g.dims["hidden"] == 48, g.dims
+    assert not any(d.startswith(("Conv", "Dense")) for d in g.dims), g.dims
+    assert not bad_names(g), g.dims

@@ -19,9 +19,11 @@ from ._roles import (
     program,
     resized_name,
     role_names,
+    weight_kinds,
 )
 
 WINDOWS = "kernel_"  # roles named with their size where they have several (a conv's window)
+SIZED_ROLES = ("batch", "channels")  # and these (a microbatch's rows, a conv's features)
 
 # --- dead code -------------------------------------------------------------------------------
 
@@ -316,31 +318,36 @@ def _labels(b, inputs, live, data, root, fam, user_names, find, apart, copies):
         # has is left to the structure (the decoder's positions: a slice of targets_seq)
         if r in label:
             continue
+        if n == "channels" and fam.find(r) not in users and n in users.values():
+            continue  # the user's own ``channels``, not renamed for another conv's of another size
         if free(n, r):
             claim(r, n, True)
-        elif n.startswith(WINDOWS) or n == "batch":  # a kernel's window of another size,
-            sized_claim(r, [n])  # a microbatch's rows (``batch(8)`` of ``batch(16)``)
+        elif n.startswith(WINDOWS) or n in SIZED_ROLES:  # a kernel's window of another size,
+            # a microbatch's rows (``batch(8)`` of ``batch(16)``), another conv's channels
+            if not sized_claim(r, [n]) and n == "channels":  # (``channels(64)``); a conv's
+                claim(r, n, True)  # in and out of one size: ``channels(64)#2``
     origin: dict[int, tuple[str, int]] = {}
     _grow(b, pg, root, label, claim, origin, False, free)  # from the user's and the roles' names
     plain = instance_free([b.paths[t] for t in inputs])  # MixerBlock_0/Dense_0 -> MixerBlock/..
     # what each matrix or kernel that carries a dim as its last axis, or the one before,
     # would name it: MobileNet's 128 channels between pointwise convs of one width
     carried: dict[int, list[str]] = {}
+    kinds = weight_kinds(b, pg, inputs)  # (Linear: a container's weight, layers/4/weight)
     for t in inputs:
         axes = [r for a in range(len(b.shapes[t])) if (r := root[b.key(t, a)]) >= 0]
         if len(axes) < 2:
             continue
-        ns = path_names(plain.get(b.paths[t] or "", ""))[:1]
+        ns = path_names(plain.get(b.paths[t] or "", ""), kinds.get(t))[:1]
         for k, r in enumerate(reversed(axes[-2:])):
             carried.setdefault(r, []).extend(n if k == 0 else f"{n}_in" for n in ns)
     for t in inputs:  # a weight's axes no role names: the last its name (an output's
         # features: ``w1``, ``router``), the one before ``_in``, others by their axis
         axes = [(a, root[b.key(t, a)]) for a in range(len(b.shapes[t]))]
         axes = [(a, r) for a, r in axes if r >= 0 and r not in label]
-        names = path_names(plain.get(b.paths[t] or "", ""))
+        names = path_names(plain.get(b.paths[t] or "", ""), kinds.get(t))
         # the instance's own (batch_normalization_74_beta) where the plain name, and that at
         # its size, are another family's
-        own = [n for n in path_names(b.paths[t] or "") if n not in names]
+        own = [n for n in path_names(b.paths[t] or "", kinds.get(t)) if n not in names]
         for k, (a, r) in enumerate(reversed(axes)):
             if r not in label:  # one name and size of every weight is one dim; the weight's
                 # module's where another family has it (BatchNorm's beta of two widths)

@@ -19,7 +19,7 @@ from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
 from ._errors import PlanError
 from ._ir import Tensor, loop_links, per_graph, shown_names
 from ._layout import local_bytes, mesh_text
-from ._roles import path_name
+from ._roles import module_kind, path_name
 
 if TYPE_CHECKING:
     from ._ir import Graph
@@ -227,15 +227,34 @@ def op_labels(g: Graph) -> dict[str, str]:
         memo[t] = out
         return out
 
+    kinds: dict[str, str] = {}  # weight -> the module kind of the first op reading it in
+    for op in g.ops:  # a module's scope (Equinox's eqx.nn.Linear): a container's weight
+        kind = module_kind(op.name_stack)  # (layers/4/weight) is named by it, not ``layers``
+        if kind:
+            for x in op.inputs:
+                if (w := weight(x)) and w not in kinds:
+                    kinds[w] = kind
+    by_path = {(g.tensors[t].path or "").split("/", 1)[-1]: t for t in g.inputs
+               if g.tensors[t].role == "input" and weight(t) == t}  # fmt: skip
+
     def name(w: str) -> str:
-        return path_name(g.tensors[w].path)
+        return path_name(g.tensors[w].path, kinds.get(w))
+
+    def state_name(x: str) -> str | None:  # an optimizer state by its weight's name
+        tt = g.tensors[x]
+        if not (tt.role == "input" and tt.path and "opt" in tt.path.split("/", 1)[0]):
+            return None
+        parts = tt.path.split("/")
+        w = next((by_path[k] for i in range(1, len(parts))
+                  if (k := "/".join(parts[i:])) in by_path), None)  # fmt: skip
+        return name(w) if w is not None else _state_name(g, x)
 
     labels: dict[str, str] = {}
     # gradients: the tensor the optimizer's update reads beside a weight (or its moments)
     for op in g.ops:
         names = {}  # shape -> the weight named by an input of it
         for x in op.inputs:
-            n = _state_name(g, x) or ((w := weight(x)) and name(w))
+            n = state_name(x) or ((w := weight(x)) and name(w))
             if n:
                 names[g.tensors[x].shape] = n
         for x in op.inputs:

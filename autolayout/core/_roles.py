@@ -586,18 +586,44 @@ def role_names(
                  for w in made[x] | eaten.get(x, set())}  # fmt: skip
         if x not in skip and x in eaten and len(kinds) >= 2 and size(x) > least:
             add(x, "d_ff")
-    if not dm and not pg.convs:  # no residual stream, no conv: a plain MLP (Mesh-TF's MNIST
-        # names io, hidden1, hidden2; a CNN's widths keep their weights' names)
+    for t, w, spatial in pg.convs:  # a conv's feature axes, where its kernel is a weight:
+        # the kernel's in and out features, and what is linked to them (BatchNorm's and
+        # GroupNorm's scales, biases, residual adds); the input's where a group conv keeps
+        # it apart from the kernel's (was each conv's or BatchNorm's weight: beta(64), conv2_block1_1_bn_beta)
+        if pg.source(b, w) not in weights or not 1 <= len(spatial) <= 3:
+            continue
+        window = {sp["rhs"] for sp in spatial}
+        for a in range(len(shapes[w])):
+            if a not in window:
+                add(r(w, a), "channels")
+        planes = {sp["lhs"] for sp in spatial}
+        other = [r(t, a) for a in range(len(shapes[t])) if a not in planes]
+        if len(other) == 2 and sum(x in batch for x in other) == 1:
+            add(next(x for x in other if x not in batch), "channels")
+    if pg.convs and not dm:  # a weight's matmul of each position of a plane (ConvNeXt's
+        # pointwise Dense over [batch, height, width, channels]) is a 1x1 conv: channels
+        for _, lhs, rhs, _ in pg.dots:
+            acts = [any(r(t, a) in batch for a in range(len(shapes[t]))) for t in (lhs, rhs)]
+            if acts.count(True) != 1:
+                continue
+            act, w = (lhs, rhs) if acts[0] else (rhs, lhs)
+            if len(shapes[act]) >= 3 and pg.source(b, w) in weights:
+                for a in range(len(shapes[w])):
+                    add(r(w, a), "channels")
+    if not dm:  # no residual stream: a plain MLP (Mesh-TF's MNIST names io, hidden1,
+        # hidden2), or a CNN's dense head (its channels are named above)
         named = {x for x, _ in out} | batch | skip
         for t in sorted(data - pg.ints):  # a float input's features a weight's matmul reads
             for a in range(1, len(shapes[t])):
                 if r(t, a) in eats and r(t, a) not in named:
                     add(r(t, a), "features")
         for src, dst, groups in pg.reshapes:  # or its example flattened (an image's pixels,
-            # eqx.nn.MLP's input: was ``layers``, the name of the list its weights are in)
+            # eqx.nn.MLP's input: was ``layers``, the name of the list its weights are in),
+            # or a conv's output flattened (its planes and channels: was ``linear1(256)``)
             for ga, gc in groups:
                 if (len(gc) == 1 and len(ga) > 1 and 0 not in ga and r(dst, gc[0]) in eats
-                        and r(dst, gc[0]) not in named and pg.source(b, src) in data - pg.ints):  # fmt: skip
+                        and r(dst, gc[0]) not in named
+                        and (pg.convs or pg.source(b, src) in data - pg.ints)):  # fmt: skip
                     add(r(dst, gc[0]), "features")
         hidden = [x for x in makes if x in eats and x not in named  # the first made first
                   and any(w != v for w in makes[x] for v in eats[x])]  # fmt: skip
@@ -704,6 +730,22 @@ def _grouped_queries(b, pg, r, op, lhs, rhs) -> list[tuple[int, list[int]]]:
     return out
 
 
+def weight_kinds(b: _Builder, pg: _Program, inputs) -> dict[int, str]:
+    """Each input's module kind (:func:`module_kind`) where an op that reads it, or a cast or
+    view of it, is in a module's ``jax.named_scope`` (Equinox's ``eqx.nn.Linear``)."""
+    out = {}
+    for t in inputs:
+        front = [t]
+        for _ in range(4):
+            ks = [k for x in front for k in pg.readers.get(x, ())]
+            kind = next((m for k in ks if (m := module_kind(b.ops[k].name_stack))), None)
+            if kind is not None:
+                out[t] = kind
+                break
+            front = [o for k in ks if b.ops[k].primitive in PASS_THROUGH for o in b.io[k][1]]
+    return out
+
+
 def resized_name(name: str, n: int, m: int) -> str:
     """The name of a piece of size ``m`` of the dim ``name`` of size ``n`` (a slice, a split,
     a pad or a concatenate between them): ``head_dim_half`` (RoPE's halves), ``height_4th``
@@ -762,13 +804,31 @@ def instance_free(paths) -> dict[str, str]:
     return out
 
 
-def path_name(path: str) -> str:
+def path_name(path: str, kind: str | None = None) -> str:
     """A weight's path without its argument, layer indices and generic leaf names:
-    ``params/model/layers/17/mlp/down_proj/kernel`` -> ``down_proj``."""
-    return path_names(path)[0]
+    ``params/model/layers/17/mlp/down_proj/kernel`` -> ``down_proj``. A path that names only
+    a container of modules (a list's or ``eqx.nn.Sequential``'s attribute: ``layers/4/weight``;
+    linen ``nn.Sequential``'s ``layers_0``) is named by its module's ``kind``
+    (:func:`module_kind`: ``Linear``) where given, never ``layers`` (the stacked layers'
+    role)."""
+    return path_names(path, kind)[0]
 
 
-def path_names(path: str) -> list[str]:
+_RESERVED = re.compile(r"layers(?:_\d+)?", re.IGNORECASE)  # the stacked layers' role's name
+
+
+def module_kind(name_stack: str) -> str | None:
+    """The module an op's ``jax.named_scope`` names, without its package and instance
+    index (Equinox's ``eqx.nn.Linear`` -> ``Linear``), or None (a layer's index: ``layers.3``)."""
+    last = (name_stack or "").rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+    m = _INSTANCE.fullmatch(last)
+    last = m[1] if m else last
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z_]*", last) or _RESERVED.fullmatch(last):
+        return None
+    return last
+
+
+def path_names(path: str, kind: str | None = None) -> list[str]:
     """:func:`path_name`, then with its module's name before it, where another dim has it:
     ``params/batch_normalization_1/beta`` -> ``beta``, ``batch_normalization_1_beta``."""
     parts = [p for p in re.split(r"[/.\[\]]", path) if p]
@@ -777,5 +837,16 @@ def path_names(path: str) -> list[str]:
         # batch/1): never a bare number; its argument and its place in it (params_1), the
         # layer indices between dropped (params/3/0 is params_0, as params/0/0 is)
         return [f"{next((p for p in parts if not p.isdigit()), 't')}_{parts[-1]}"]
+    # a container of modules: a part followed by an index (layers/4), or the stacked
+    # layers' name (linen nn.Sequential's layers_0); what follows the last one names it
+    last = max((i for i, p in enumerate(parts) if i >= 1 and not p.isdigit()
+                and (_RESERVED.fullmatch(p) or i + 1 < len(parts) and parts[i + 1].isdigit())),
+               default=0)  # fmt: skip
+    after = [p for p in parts[last + 1 :] if not p.isdigit() and p.lower() not in GENERIC_LEAVES]
+    if keep and last and not after:  # only a container's name: the module's kind, else the
+        # list's own name (convs), else the leaf's (weight), never layers (was layers(64))
+        leaf = parts[-1] if not parts[-1].isdigit() else None
+        own = [p for p in keep if not _RESERVED.fullmatch(p)]
+        return [kind or leaf or (own[-1] if own else parts[0])]
     keep = keep or parts or ["t"]
     return [keep[-1]] + (["_".join(keep[-2:])] if len(keep) > 1 else [])
