@@ -176,7 +176,7 @@ def test_ragged_dot_links_tokens_and_names_the_experts():
     assert sum(op.flops for op in ops) == 3 * 2 * 64 * 16 * 32  # each row meets one expert
 
 
-@pytest.mark.parametrize("model", ["cnn", "resnet", "moe_rotary", "moe_sorted"])
+@pytest.mark.parametrize("model", ["cnn", "resnet", "moe_rotary", "moe_sorted", "eqx_scan_lm"])
 def test_corpus_models_trace_clean_and_plan_with_the_batch_split(model):
     wl = al.load_workload(MODELS / "corpus" / f"{model}.py")
     plan = al.plan(wl, "cpu-8", time_limit_s=3)

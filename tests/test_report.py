@@ -157,6 +157,18 @@ def test_layers_without_scopes_come_from_the_parameters_read(tmp_path):
     ]
 
 
+def test_ops_in_a_scanned_stack_are_in_the_stack_not_a_module_kinds_scope():
+    """Equinox names its modules' scopes by kind (``eqx.nn.Linear``), which places no op. In
+    a stack scanned over its stacked weights (the Equinox docs' ``filter_vmap`` + ``scan``),
+    every op of both scans, the backward's weight gradients (which read no weight) included,
+    is in the stack (``blocks``): before, ``down grad (eqx.nn.Linear)`` and ``(head)``."""
+    pytest.importorskip("equinox")
+    g = al.trace(al.load_workload(MODELS / "corpus" / "eqx_scan_lm.py"))
+    lay = op_layers(g)
+    looped = [o.name for o in g.ops if any(s.startswith("scan.") for s in o.scope)]
+    assert looped and {lay[o] for o in looped} == {"blocks"}
+
+
 def _scopeless_mlp():
     import jax
     import jax.numpy as jnp

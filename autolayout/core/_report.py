@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._dim_rules import ATTENTION_BWD, ATTENTION_FWD
 from ._errors import PlanError
-from ._ir import Tensor, loop_links, per_graph, shown_names
+from ._ir import LOOP_OPS, Tensor, loop_links, per_graph, shown_names
 from ._layout import local_bytes, mesh_text
 from ._roles import module_kind, path_name
 
@@ -81,6 +81,17 @@ def op_layers(g: Graph) -> dict[str, str]:
     reads_param: list[bool] = []  # whether the op reads a weight (or a view of one)
     params = [t for t in g.inputs if (g.tensors[t].path or "").startswith("params/")]
     weights = set(params)  # the parameters and their views, as the loop meets them
+    outer: dict[str, str] = {}  # a loop body's input -> the tensor it is of, outside
+    of_loop: dict[str, str] = {}  # a loop -> the layer of the first weight it reads
+    for op in g.ops:
+        for o, b in op.param("body_inputs", ()) if op.primitive in LOOP_OPS else ():
+            outer[b] = outer.get(o, o)
+            if outer[b] in weights:  # a loop's weights: read as the stack's
+                weights.add(b)
+                w = g.tensors[outer[b]]
+                if w.shape[1:] == g.tensors[b].shape and w.shape[:1] == (op.param("length"),):
+                    # a layer of a stack the loop scans (not a weight every trip shares)
+                    of_loop.setdefault(op.name, _layer_key((w.path or "").split("/")[1:]))
     for i, op in enumerate(g.ops):
         lab = by_stack.get(op.name_stack)
         if lab is None:
@@ -88,12 +99,16 @@ def op_layers(g: Graph) -> dict[str, str]:
         scope = ""
         if lab and not _NUMBERED.search(lab):  # a module's scope (eqx.nn.Linear), no layer
             scope, lab = lab, ""
+        loops = [of_loop[x] for x in op.scope if x in of_loop]
+        if not lab and loops:  # in a loop over a stack of weights (a scan over layers, its
+            lab = loops[-1]  # backward): the stack's, its gradients' ops included
         scoped.append(bool(lab))
         reads_param.append(any(t in weights for t in op.inputs))
         if reads_param[-1] and op.primitive in _VIEWS:  # a weight's cast, transpose, reversal
             weights.update(op.outputs)
         if not lab:
-            paths = [g.tensors[t].path or "" for t in op.inputs if g.tensors[t].role == "input"]
+            ins = [outer.get(t, t) for t in op.inputs]
+            paths = [g.tensors[t].path or "" for t in ins if g.tensors[t].role == "input"]
             roots = [p.split("/", 1)[0] for p in paths]
             if any("opt" in r for r in roots) or reads_optimizer(op):
                 lab = OPTIMIZER

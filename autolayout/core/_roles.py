@@ -160,6 +160,7 @@ class _Program:
         self.convs: list[tuple[int, int, list[dict]]] = []  # (input, kernel, spatial dims)
         self.fused: list[tuple[int, int, dict]] = []  # (q, k, axes) of fused attention kernels
         self.windows: list[tuple[int, int, tuple]] = []  # (input, result, window) of pooling
+        self.index_vectors: list[int] = []  # axis keys: a gather's or scatter's coordinates
         micro = {  # scans over microbatches: what they hold is as if at the top level
             op.name for op in ops if op.primitive == "scan"
             and any(int(x[1:]) in data for x in op.param("scanned_inputs", ()))
@@ -170,10 +171,15 @@ class _Program:
                 self.fused.append((ins[0], ins[1], attention_axes(op.param("layout", 0))))
             elif prim == "scan" and not set(op.scope) - micro:
                 self.scans.append((op, ins))
+            elif prim in SCATTERS and len(ins) >= 3 and _coordinates(b, ins[1], op):
+                self.index_vectors.append(b.key(ins[1], len(b.shapes[ins[1]]) - 1))
             elif prim == "gather" and len(ins) >= 2:
                 self.gathers.append((ins[1], ins[0], op.param("gathered_axes", ())))
                 idx = [a for a, n in enumerate(b.shapes[ins[1]]) if n > 1]
-                if idx:  # a table's rows are the positions its indices range over
+                if _coordinates(b, ins[1], op):  # a start per gathered axis (an embedding
+                    # lookup under vmap: [token, 0]): the index vector, not positions
+                    self.index_vectors.append(b.key(ins[1], idx[-1]))
+                elif idx:  # a table's rows are the positions its indices range over
                     self.tables += [
                         (b.key(ins[1], idx[-1]), b.key(ins[0], a))
                         for a in op.param("gathered_axes", ())
@@ -653,7 +659,22 @@ def role_names(
             for a, name in zip(spatial, SPATIAL[len(spatial) - 1], strict=True):
                 if shapes[src][a] == 1 and shapes[o][a] == 1 and shapes[t][a] == window[a]:
                     add(r(t, a), f"kernel_{name}")
+    for k in pg.index_vectors:  # the coordinates of a gather or scatter: never split (XLA
+        add(root[k], "index")  # reads the whole vector per start), named for what it is
     return out
+
+
+SCATTERS = frozenset(("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
+                      "scatter-min", "scatter_min", "scatter-max", "scatter_max",
+                      "scatter-sub", "scatter_sub"))  # fmt: skip
+
+
+def _coordinates(b, indices: int, op) -> bool:
+    """Whether the last axis of a gather's or scatter's ``indices`` holds several
+    coordinates (a start per gathered axis), not one position per lookup."""
+    shape = b.shapes[indices]
+    axes = op.param("gathered_axes", None) or op.param("scattered_axes", ())
+    return bool(shape) and shape[-1] > 1 and shape[-1] == len(axes)
 
 
 def _routing(b, pg, r, batch: set[int], carried: dict[int, int]) -> dict[str, list[int]]:
