@@ -51,6 +51,7 @@ from .core import (
     shown_strategies,
     status_text,
     trace,
+    whole_sorts,
 )
 from .cost_models import evaluate, kernel_notes
 from .runtime import (
@@ -656,7 +657,7 @@ def plan_cmd(model, hw_name, hw_devices, sets, time_limit, mesh_text, memory_lim
                 else ""
             )
         )
-    for note in kernel_notes(p.graph, hw) if p.graph is not None else ():
+    for note in [*(kernel_notes(p.graph, hw) if p.graph is not None else ()), *whole_sorts(p)]:
         _echo(f"note: {note}")
     tried = p.solver["mesh_shapes_tried"]
     count = {k: sum(r.get("status") in ks for r in tried) for k, ks in (

@@ -447,3 +447,21 @@ def test_mesh_axes_named_with_an_x_are_read_back_whole():
                     rules={"batch": ("data", "expert")})  # fmt: skip
     assert axes_in_use(p) == {"data", "expert"}
     assert not any(x.startswith("batch -> dataxexpert") for x in inner_splits(p)), inner_splits(p)
+
+
+def test_a_sort_across_the_split_batch_is_explained():
+    """A sorted dispatch (corpus/moe_sorted.py: argsort of every token's expert choices, in
+    both its forms) under a batch split: XLA sorts the axis whole on every device, and the
+    plan says so with the share of the step over it and what to write instead; not where the
+    batch is whole, nor in a step that sorts nothing."""
+    from autolayout.core import whole_sorts
+
+    for dispatch in ("ragged", "dense"):
+        wl = al.load_workload(MODELS / "corpus" / "moe_sorted.py", dispatch=dispatch)
+        (note,) = whole_sorts(al.evaluate(wl, "cpu-8", mesh={"data": 8}, rules={"batch": "data"}))
+        assert note.startswith("2 sorts order batch*seq*top_k across the whole batch")
+        assert "shard_map" in note
+        whole = al.evaluate(wl, "cpu-8", mesh={"tensor": 8}, rules={"d_ff": "tensor"})
+        assert whole_sorts(whole) == []
+    gpt = al.evaluate(load_model("gpt"), "cpu-8", mesh={"data": 8}, rules={"batch": "data"})
+    assert whole_sorts(gpt) == []

@@ -81,6 +81,7 @@ from ._report import shown_ops as shown_ops
 from ._report import shown_strategies as shown_strategies
 from ._report import summary_rows as summary_rows
 from ._report import top_ops as top_ops
+from ._report import whole_sorts as whole_sorts
 from ._splash import SPLASH_BWD as SPLASH_BWD
 from ._splash import SPLASH_FWD as SPLASH_FWD
 from ._splash import splash_attention as splash_attention

@@ -468,6 +468,35 @@ def inner_splits(plan: Plan, top: int = 4) -> list[str]:
             for d, a in ranked]  # fmt: skip
 
 
+def whole_sorts(plan: Plan, least: float = 0.1) -> list[str]:
+    """Where the step sorts an axis that holds the batch (an MoE dispatch's ``argsort`` of
+    every token's expert choices) and the plan splits the batch: XLA keeps a sorted axis
+    whole on every device, so what the sort orders is gathered to each. One line a sorted
+    dim whose ops take ``least`` of the step at least: their share, and what to write."""
+    g = plan.graph
+    if g is None or not any(a and "batch" in d for d, a in plan.rules()):
+        return []
+    counts: dict[str, int] = {}
+    for op in g.ops:
+        if op.primitive == "sort" and op.inputs:
+            d = g.tensors[op.inputs[0]].dims[op.param("sort_axis", -1)]
+            if d and "batch" in d:
+                counts[d] = counts.get(d, 0) + 1
+    total = sum(_row_time(r) for r in plan.ops) or 1.0
+    out = []
+    for d, n in counts.items():
+        share = sum(_row_time(r) for r in plan.ops if d in (r.get("dims") or "").split(","))
+        if share >= least * total:
+            out.append(
+                f"{n} sort{'s' if n > 1 else ''} order {d} across the whole batch (an MoE "
+                "dispatch's argsort?): XLA sorts an axis whole on every device, so what it "
+                f"orders is gathered to each (the ops over {d}: {share / total:.0%} of the "
+                "step); sort each device's tokens alone (per example, or under shard_map) to "
+                "keep the batch split"
+            )
+    return out
+
+
 def _splits(row: dict[str, Any], mesh) -> list[tuple[str, tuple[str, ...]]]:
     """A report row's strategy, ``"batch:dataxexpert,d_ff:model"``, as (dim, mesh axes) pairs,
     the axes read by ``mesh``'s names (``expert`` has an ``x`` in it)."""
