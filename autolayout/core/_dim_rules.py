@@ -571,8 +571,11 @@ def _gather(b, eqn, ins, outs):
     return params, 0.0
 
 
-@register("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul", "scatter-min",
-          "scatter-max", "scatter_min", "scatter_max", "scatter-sub", "scatter_sub")  # fmt: skip
+SCATTERS = ("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul", "scatter-min",
+            "scatter-max", "scatter_min", "scatter_max", "scatter-sub", "scatter_sub")  # fmt: skip
+
+
+@register(*SCATTERS)
 def _scatter(b, eqn, ins, outs):
     """The gradient of a gather: updates scattered into an operand-shaped output."""
     operand, indices, updates = ins[:3]

@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable
 
 from ._builder import _Builder
-from ._dim_rules import ATTENTION_FWD, attention_axes
+from ._dim_rules import ATTENTION_FWD, SCATTERS, attention_axes
 from ._stages import scan_parts
 
 WL_ROUNDS = 3  # enough to tell q from o in one layer, few enough for the first layer to match
@@ -662,11 +662,6 @@ def role_names(
     for k in pg.index_vectors:  # the coordinates of a gather or scatter: never split (XLA
         add(root[k], "index")  # reads the whole vector per start), named for what it is
     return out
-
-
-SCATTERS = frozenset(("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
-                      "scatter-min", "scatter_min", "scatter-max", "scatter_max",
-                      "scatter-sub", "scatter_sub"))  # fmt: skip
 
 
 def _coordinates(b, indices: int, op) -> bool:
