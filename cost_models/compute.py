@@ -147,6 +147,15 @@ def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
             f"{hw.source}; XLA:GPU runs them channels-first, at 0.43% of peak on one H200): "
             "`autolayout calibrate` measures your devices'"
         )
+    grouped = sum(op.primitive == "conv_general_dilated" and bool(op.param("grouped"))
+                  for op in g.ops)  # fmt: skip
+    if grouped:
+        notes.append(
+            f"{grouped} grouped convolutions: al.apply and `autolayout run` run each on its "
+            "devices' images (shard_map over the batch's mesh axes), as priced; under your own "
+            "jit with these rules XLA runs them whole on every device, the batch gathered "
+            "(openxla/xla#47945)"
+        )
     rate = (
         f"{e.attention} of peak"
         if e.attention is not None

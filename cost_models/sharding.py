@@ -374,6 +374,11 @@ def _fixed_members(g: Graph, op: Op) -> set[tuple[str, int]]:
         fixed.update((t, a) for t in ins + op.outputs for a in range(len(g.tensors[t].shape)))
     elif p == "rev":
         fixed.update((ins[0], a) for a in op.param("reversed_axes", ()))
+    elif p == "conv_general_dilated" and op.param("grouped"):
+        # XLA gathers it whole; al.apply runs it under shard_map on its batch alone
+        fixed.update((t, a) for t in op_tensors(op) for a in range(len(g.tensors[t].shape)))
+        tensors = (ins[0], ins[1], op.outputs[0])
+        fixed.difference_update((tensors[k], a) for k, a in op.param("grouped"))
     elif p == "conv_general_dilated":
         for s, form in conv_spatial(op):
             if form is None:  # a window XLA cannot halo-exchange: whole

@@ -36,7 +36,16 @@ from autolayout.core import (
 )
 from autolayout.cost_models import RUNNABLE, output_layouts
 
-from .kernels import CUDNN, SPLASH, check_kernels, composed, run_in_place, run_sharded
+from .kernels import (
+    CUDNN,
+    SPLASH,
+    check_kernels,
+    composed,
+    run_grouped,
+    run_in_place,
+    run_sharded,
+    runs_grouped,
+)
 from .pipeline import INLINE, pipelined_scan, stage_scans
 
 
@@ -113,6 +122,9 @@ class _Interpreter:
                 elif prim in SPLASH:  # a Pallas kernel XLA cannot split: on each shard
                     lay = [reads.get(n, layouts.get(n)) for n in in_names]
                     res = run_sharded(eqn, ins, lay, self.mesh)
+                elif not self.stage_eqns and (batch := runs_grouped(eqn)):  # XLA: whole
+                    lay = [reads.get(n, layouts.get(n)) for n in in_names]
+                    res = run_grouped(eqn, batch, ins, lay, self.mesh)
                 else:
                     res = eqn.primitive.bind(*ins, **eqn.params)
                 outs = list(res) if eqn.primitive.multiple_results else [res]

@@ -13,6 +13,10 @@ Splash attention (``al.splash_attention``) is a Pallas kernel, which XLA cannot 
 batch and heads (the only axes a plan splits; k and v alike on their kv heads), so each
 device calls the kernel on its shard. Off a TPU it is Pallas' interpreter (the same blocks
 and arithmetic as plain XLA ops).
+
+A grouped convolution (groups of more than one channel: ResNeXt, RegNet) XLA's partitioner
+runs whole on every device, its input gathered (openxla/xla#47945): ``al.apply`` runs it
+under ``shard_map`` over the mesh axes its input's batch is laid out on, as planned.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from autolayout.core import (
     SPLASH_FWD,
     Graph,
     PlanError,
+    grouped_conv,
     partition_spec,
 )
 
@@ -139,3 +144,36 @@ def run_sharded(eqn, ins: list, layouts: list, mesh: Mesh) -> list:
 
     f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
     return list(f(*ins))
+
+
+def runs_grouped(eqn) -> tuple | None:
+    """A grouped convolution XLA would run whole: its batch's positions
+    (``core.grouped_conv``)."""
+    if eqn.primitive.name != "conv_general_dilated":
+        return None
+    lhs, rhs = (tuple(v.aval.shape) for v in eqn.invars[:2])
+    return grouped_conv(eqn.params, lhs, rhs)
+
+
+def run_grouped(eqn, batch: tuple, ins: list, layouts: list, mesh: Mesh):
+    """A grouped convolution on each device's images: ``shard_map`` over the mesh axes the
+    batch is laid out on (``batch``, from :func:`runs_grouped`; ``layouts`` as the op reads
+    its operands), everything else whole; a forward conv's or an input gradient's output
+    split alike on its batch (no collective), a weight gradient's partial sums all-reduced,
+    as the plan prices it."""
+    (k, a), (k2, a2) = batch
+    lay = (layouts[k] if k < len(layouts) else None) or ((),) * len(ins[k].shape)
+    axes = partition_spec(lay)[a]
+    if axes is None:
+        return eqn.primitive.bind(*ins, **eqn.params)
+    shapes = [x.shape for x in ins[:2]] + [eqn.outvars[0].aval.shape]
+    specs = [[None] * len(s) for s in shapes]
+    specs[k][a] = specs[k2][a2] = axes
+
+    def body(x, w):
+        y = eqn.primitive.bind(x, w, **eqn.params)
+        return y if k2 == 2 else jax.lax.psum(y, axes)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(*specs[0]), PartitionSpec(*specs[1])),
+                      out_specs=PartitionSpec(*specs[2]), check_vma=False)  # fmt: skip
+    return f(*ins)

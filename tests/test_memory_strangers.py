@@ -395,6 +395,49 @@ def test_a_depthwise_weight_gradient_is_priced_dense_on_xla_cpu_grouped_elsewher
     assert flops(cpu4) == flops(gpu4)
 
 
+@pytest.mark.parametrize("groups", [2, 4])
+def test_a_grouped_conv_runs_on_each_devices_images(groups):
+    """A grouped convolution (2 or 4 groups of 8 or 4 channels): XLA's partitioner gathers
+    its input and runs it whole on every device (openxla/xla#47945: FLOPs 5.5x the plan's
+    under a batch split), so ``al.apply`` runs it under ``shard_map`` on its batch. Every
+    layout validates (collectives, FLOPs within 10%, memory 2x): the batch split, with the
+    channels or a spatial dim split too (read whole by the conv: gathered), the channels
+    alone; the batch split's steps equal the unsharded step's."""
+    import numpy as np
+
+    from conftest import check_request_prices_like_price
+
+    wl = _grouped_conv_step(groups)
+    g = al.trace(wl)
+    assert sum(bool(op.param("grouped")) for op in g.ops) == 3  # forward, both gradients
+    from autolayout.cost_models import kernel_notes
+
+    (note,) = kernel_notes(g, al.hardware("h100-8"))
+    assert note.startswith("3 grouped convolutions") and "xla#47945" in note
+    assert kernel_notes(al.trace(_grouped_conv_step(16)), al.hardware("h100-8")) == []
+    two = {"a": 2, "b": 4}
+    layouts = [({"data": 8}, {"batch": "data"}), (two, {"batch": ("a", "b")}),
+               (two, {"batch": "a", "channels": "b"}), (two, {"batch": "b", "h": "a"}),
+               ({"data": 8}, {"channels": "data"})]  # fmt: skip
+    for mesh, rules in layouts:
+        p = al.evaluate(wl, "cpu-8", mesh=mesh, rules=rules, graph=g)
+        v = al.validate(p, wl)
+        assert v["ok"][v["checked"]].all(), (mesh, rules, v)
+        assert v.set_index("quantity").loc["flops", "checked"], v
+        if rules == {"batch": "data"}:
+            assert v.set_index("quantity").loc["flops", "ratio"] == pytest.approx(1, abs=0.02)
+            assert "all-gather" not in set(v["quantity"]), v
+            keys = jax.random.split(jax.random.key(0), 2)
+            args = [
+                jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, wl.args, strict=True)
+            ]
+            want = jax.jit(wl.fn)(*args)
+            got = al.apply(p, wl.fn)(*args)
+            for x, y in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+    check_request_prices_like_price(wl, g, al.hardware("cpu-8"), choices=2, seed=3)
+
+
 def _ragged_moe_step(rows: int = 64) -> al.Workload:
     """Two grouped matmuls (``lax.ragged_dot``) of an MoE's sorted tokens through 4 experts
     (16 -> 32 -> 16), trained with plain SGD; the group sizes are the step's input."""

@@ -20,6 +20,7 @@ from ._dim_rules import CUDNN_FWD as CUDNN_FWD
 from ._dim_rules import ELEMENTWISE as ELEMENTWISE
 from ._dim_rules import attention_axes as attention_axes
 from ._dim_rules import attention_keys as attention_keys
+from ._dim_rules import grouped_conv as grouped_conv
 from ._errors import AutolayoutError as AutolayoutError
 from ._errors import HardwareError as HardwareError
 from ._errors import LayoutError as LayoutError
