@@ -151,10 +151,10 @@ def kernel_notes(g: Graph, hw: Hardware) -> list[str]:
                   for op in g.ops)  # fmt: skip
     if grouped:
         notes.append(
-            f"{grouped} grouped convolutions: al.apply and `autolayout run` run each on its "
-            "devices' images (shard_map over the batch's mesh axes), as priced; under your own "
-            "jit with these rules XLA runs them whole on every device, the batch gathered "
-            "(openxla/xla#47945)"
+            f"{grouped} grouped convolution ops (forward and gradients): al.apply and "
+            "`autolayout run` run each on its devices' images (shard_map over the batch's mesh "
+            "axes), as priced; under your own jit with these rules XLA runs them whole on every "
+            "device, the batch gathered (openxla/xla#47945)"
         )
     rate = (
         f"{e.attention} of peak"

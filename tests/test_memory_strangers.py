@@ -413,7 +413,7 @@ def test_a_grouped_conv_runs_on_each_devices_images(groups):
     from autolayout.cost_models import kernel_notes
 
     (note,) = kernel_notes(g, al.hardware("h100-8"))
-    assert note.startswith("3 grouped convolutions") and "xla#47945" in note
+    assert note.startswith("3 grouped convolution ops") and "xla#47945" in note
     assert kernel_notes(al.trace(_grouped_conv_step(16)), al.hardware("h100-8")) == []
     two = {"a": 2, "b": 4}
     layouts = [({"data": 8}, {"batch": "data"}), (two, {"batch": ("a", "b")}),
