@@ -148,23 +148,23 @@ def schedule(g: Graph, barriers: bool = True) -> tuple[int, ...] | None:
 def lifetimes(
     g: Graph,
     donated: Sequence[str] = (),
-    stacks_at_start: bool = False,
-    barriers: bool = True,
-    lowering: Efficiency | None = None,
+    compiler: Efficiency | None = None,
 ) -> Lifetimes:
     """``(tensor, first, last)`` of every buffer the step allocates, as positions in the
     step's :func:`schedule`: op results from the op that writes them to their last reader
     (the step's outputs to the end), inputs and outputs that reuse a donated input left out.
-    ``stacks_at_start``: every scan's stacked outputs are allocated at the step's start (the
-    profile's ``efficiency.scan_stacks_at_start``: XLA:CPU's breadth-first scheduler puts
-    their zero fill, which reads nothing, before the first loop), else from their loop's first
-    body op. ``barriers``: whether a remat region's optimization barrier reaches the
-    scheduler (no fusion crosses it, the recomputation waits for the backward pass): the
-    profile's ``efficiency.remat_barriers``, false on XLA:CPU, which drops them
-    (:func:`schedule`). ``lowering``: the profile's efficiency table, whose lowering flags
-    (``select_and_scatter_expanded``, ``weight_gradient_copies``, ``depthwise_gradient_dense``)
-    add the buffers of :func:`lowering_buffers`; the ops they replace no longer keep the
-    operands they read there alive."""
+    ``compiler``: what the profile's compiler does, its efficiency table (None: a GPU's or a
+    TPU's defaults). ``scan_stacks_at_start``: every scan's stacked outputs are allocated at
+    the step's start (XLA:CPU's breadth-first scheduler puts their zero fill, which reads
+    nothing, before the first loop), else from their loop's first body op.
+    ``remat_barriers``: whether a remat region's optimization barrier reaches the scheduler
+    (no fusion crosses it, the recomputation waits for the backward pass), false on XLA:CPU,
+    which drops them (:func:`schedule`). The lowering flags (``select_and_scatter_expanded``,
+    ``weight_gradient_copies``, ``depthwise_gradient_dense``, ``ragged_dot_dense``) add the
+    buffers of :func:`lowering_buffers`; the ops they replace no longer keep the operands
+    they read there alive."""
+    stacks_at_start = compiler is not None and compiler.scan_stacks_at_start
+    barriers = compiler is None or compiler.remat_barriers
     order = schedule(g, barriers)
     ops = g.ops if order is None else tuple(g.ops[i] for i in order)
     aliased = set(aliased_outputs(g, donated))
@@ -204,7 +204,7 @@ def lifetimes(
                 source[o] = srcs
     # reads lowered elsewhere: a max-pool gradient's operand is read by its argmax, where it
     # is written; a weight gradient reads copies (lowering_buffers)
-    bypass = {(op.name, t) for op in ops for t in _lowered_reads(op, lowering)}
+    bypass = {(op.name, t) for op in ops for t in _lowered_reads(op, compiler)}
     last: dict[str, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
@@ -247,8 +247,8 @@ def lifetimes(
                 first, end = min(first, lo), max(end, hi)
             out.append((t, first, end))
     out += [(t, *out.span(a, b)) for t, a, b in _conv_layout_copies(g)]
-    if lowering is not None:
-        out += lowering_buffers(g, ops, lowering, start)
+    if compiler is not None:
+        out += lowering_buffers(g, ops, compiler, start)
     return out
 
 
@@ -425,17 +425,14 @@ def liveness_peak(
     donated: Sequence[str] = (),
     copies: Sequence[tuple[int, int, int]] = (),
     lives: Sequence[tuple[str, int, int]] | None = None,
-    stacks_at_start: bool = False,
-    barriers: bool = True,
-    lowering: Efficiency | None = None,
+    compiler: Efficiency | None = None,
 ) -> MemoryUse:
     """Peak bytes per device; ``nbytes(tensor)`` is a tensor's local size, ``donated`` the
     input tensors whose buffers the step's outputs may reuse, ``copies`` extra buffers as
     ``(first op index, last op index, bytes)`` in program order (a tensor resharded for its
     readers: FSDP's gathered weights live from the first reader to the last), placed in the
     schedule as :meth:`Lifetimes.span` places them. ``lives`` is :func:`lifetimes` when the
-    caller already has it (the search walks one graph often), ``stacks_at_start``,
-    ``barriers`` and ``lowering`` as there."""
+    caller already has it (the search walks one graph often), ``compiler`` as there."""
     resident: dict[str, int] = {}
     for t in g.inputs:
         c = _category(g.tensors[t].path)
@@ -443,7 +440,7 @@ def liveness_peak(
     n = len(g.ops)
     delta = [0] * (n + 2)
     if lives is None:
-        lives = lifetimes(g, donated, stacks_at_start, barriers, lowering)
+        lives = lifetimes(g, donated, compiler)
     for t, first, last in lives:
         b = nbytes(t)
         delta[first] += b

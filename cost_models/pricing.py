@@ -106,9 +106,7 @@ def price(
         lambda t: nbytes(t, layouts[t]),
         donated,
         copies,
-        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-        barriers=hw.efficiency.remat_barriers,
-        lowering=hw.efficiency,
+        compiler=hw.efficiency,
     )
     main_dtype = _main_dtype(g)
     peak = peak_flops(hw, main_dtype) * hw.num_devices

@@ -317,8 +317,7 @@ def memory_floor(workload: Workload | None, graph: Graph, hw: Hardware) -> tuple
     n = max(1, hw.num_devices)
     mem = liveness_peak(
         graph, lambda t: -(-graph.tensors[t].nbytes // n), donated_inputs(workload, graph),
-        stacks_at_start=hw.efficiency.scan_stacks_at_start, barriers=hw.efficiency.remat_barriers,
-        lowering=hw.efficiency,
+        compiler=hw.efficiency,
     )  # fmt: skip
     return mem.peak_bytes, mem.by_category.get("activations", 0)
 

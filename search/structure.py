@@ -247,14 +247,11 @@ def analyse(
     share: bool = True,
     donated: Sequence[str] = (),
     merge: bool = True,
-    stacks_at_start: bool = False,
-    barriers: bool = True,
-    lowering: Efficiency | None = None,
+    compiler: Efficiency | None = None,
 ) -> Structure:
     """Leaders, followers, shared nodes, reads and lifetimes of ``g`` (mesh-independent);
-    ``merge=False`` keeps every op a decision of its own (no followers); ``stacks_at_start``,
-    ``barriers`` and ``lowering`` as :func:`~autolayout.cost_models.memory.lifetimes` takes
-    them (the hardware's)."""
+    ``merge=False`` keeps every op a decision of its own (no followers); ``compiler`` (the
+    hardware's efficiency table) as :func:`~autolayout.cost_models.memory.lifetimes` takes it."""
     free = free_tensors(g)
     fused = fused_ops(g)
     index = op_index(g)
@@ -369,7 +366,7 @@ def analyse(
         graph=g, groups=groups, leaders=leaders, node_kind=node_kind, node_of=node_of,
         root=root, followers=followers, reads=reads,
         boundaries=[b for b in bounds if b.kind not in ("enter", "exit")],
-        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, stacks_at_start, barriers, lowering),
+        free=free, fused=fused, donated=list(donated), lifetimes=lifetimes(g, donated, compiler),
         index=index, share=share, ops=ops,
     )  # fmt: skip
 
@@ -381,8 +378,5 @@ def analyse_on(
     g: Graph, hw: Hardware, *, share: bool = True, donated: Sequence[str] = ()
 ) -> Structure:
     """:func:`analyse` as the planner runs it for ``hw``: its profile's scan-stack, remat
-    barrier and lowering behaviour (``efficiency.scan_stacks_at_start``,
-    ``efficiency.remat_barriers``, the efficiency table's lowering flags)."""
-    e = hw.efficiency
-    return analyse(g, share=share, donated=donated, stacks_at_start=e.scan_stacks_at_start,
-                   barriers=e.remat_barriers, lowering=e)  # fmt: skip
+    barrier and lowering behaviour (its efficiency table)."""
+    return analyse(g, share=share, donated=donated, compiler=hw.efficiency)

@@ -107,8 +107,9 @@ def test_a_recomputation_runs_right_after_what_it_reads_on_xla_cpu():
     kept = [i for i in range(len(g.ops)) if i not in set(moved)]
     assert [i for i in order if i in set(kept)] == kept  # the rest in program order
     # so most recomputed values are born earlier than where the backward pass reaches them
-    early = {t: a for t, a, _ in lifetimes(g, (), False, False)}  # barriers dropped
-    late = {t: a for t, a, _ in lifetimes(g, (), False, True)}
+    gpu = al.hardware("h100-8").efficiency  # scan stacks from their loop, no lowering flags
+    early = {t: a for t, a, _ in lifetimes(g, (), dataclasses.replace(gpu, remat_barriers=False))}
+    late = {t: a for t, a, _ in lifetimes(g, (), gpu)}
     rec = [t for i in moved for t in g.ops[i].outputs if t in early and t in late]
     assert rec and sum(early[t] < late[t] for t in rec) > len(rec) / 2
 
@@ -125,8 +126,7 @@ def test_the_searchs_walks_price_xla_cpus_schedule_as_price_does(tag):
         g,
         share=True,
         donated=donated,
-        stacks_at_start=hw.efficiency.scan_stacks_at_start,
-        barriers=hw.efficiency.remat_barriers,
+        compiler=hw.efficiency,
     )
     assert structure.lifetimes.order is not None  # XLA:CPU's schedule
     for mesh in ({"a": 2, "b": 4}, {"a": 8}):
