@@ -568,7 +568,7 @@ def conv_split(
             span, taps, stride, dil = s["window"], s["out_size"], s["rhs_dilation"], s["stride"]
         h = halo(s["lhs_size"], span, taps, stride, dil, s["padding"][0], s["lhs_dilation"], parts)
         a = s["lhs"]
-        plane = t.nbytes // t.size * math.prod(local) // local[a]
+        plane = t.itemsize * math.prod(local) // local[a]
         if h is None:
             result = m.wire_bytes(t, plane * t.shape[a])
             out.append(m.comm("all-gather", axes, result, t.name, "halo"))
@@ -1032,7 +1032,7 @@ def _dense_depthwise(
     (``c`` x the grouped FLOPs), then the diagonal kept, an iota compare and a select over
     the ``c`` x larger filter, and a sum over the pairs; the dense and the masked filter each
     written and read once (measured: 16 channels, 1.98e6 + 6.8e3 FLOPs for 1.24e5)."""
-    itemsize = out.nbytes // max(1, out.size)
+    itemsize = out.itemsize
     o = local_bytes(out, layout, m.mesh) // itemsize
     c = out.shape[axis] // split_factor(layout[axis], m.mesh)
     return flops * c + o * (3 * c - 1), 4.0 * o * c * itemsize
@@ -1072,7 +1072,7 @@ def _dense_ragged(
     local = groups // split_factor(wanted[gs][-1], m.mesh)
     sizes = [(local_bytes(g.tensors[t], wanted[t], m.mesh), g.tensors[t]) for t in masked]
     nbytes = 2.0 * local * sum(b for b, _ in sizes)
-    elements = sum(b // max(1, t.nbytes // max(1, t.size)) for b, t in sizes)
+    elements = sum(b // t.itemsize for b, t in sizes)
     if weight is not None:
         nbytes += 2.0 * local_bytes(g.tensors[weight], wanted[weight], m.mesh)
     return flops * groups + 4.0 * local * elements, nbytes

@@ -104,11 +104,15 @@ class Tensor:
         return math.prod(self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def itemsize(self) -> int:
         size = _ITEMSIZE.get(self.dtype)
         if size is None:
             size = _ITEMSIZE[self.dtype] = np.dtype(self.dtype).itemsize
-        return self.size * size
+        return size
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
 
 
 _ITEMSIZE: dict[str, int] = {}  # dtype name -> bytes (np.dtype() is slow on a hot path)
