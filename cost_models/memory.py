@@ -74,7 +74,8 @@ def _category(path: str | None) -> str:
 def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
     """Step outputs that take a donated input's buffer: output -> input. The k-th output of a
     shape and dtype reuses the k-th donated input of that shape and dtype (a train step
-    returns its new state in the order it took the old one)."""
+    returns its new state in the order it took the old one); a donated input returned as it
+    is (a Keras seed generator the step does not draw from) keeps its own slot."""
     slots: dict[tuple, list[str]] = {}
     for t in donated:
         tt = g.tensors[t]
@@ -83,8 +84,13 @@ def aliased_outputs(g: Graph, donated: Sequence[str]) -> dict[str, str]:
     for o in g.outputs:
         tt = g.tensors[o]
         queue = slots.get((tt.shape, tt.dtype))
-        if tt.role != "input" and queue and o not in out:
-            out[o] = queue.pop(0)
+        if not queue or o in out:
+            continue
+        if tt.role == "input":
+            if o in queue:  # returned unchanged: no buffer, its slot taken
+                queue.remove(o)
+            continue
+        out[o] = queue.pop(0)
     return out
 
 

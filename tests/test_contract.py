@@ -192,6 +192,44 @@ def test_keras_non_trainable_variables_are_state_through_stateless_call():
     _check_sharded_equals_unsharded(wl, {"batch": "data", gamma[0]: "model"})
 
 
+def test_state_returned_unchanged_keeps_its_slot_and_the_next_step_runs():
+    """Keras' seed generators as a stranger's text model carries them: two state arrays of
+    one shape (uint32[2]), the first returned as it is (a layer that draws no numbers in
+    training), the second advanced. The new second takes the second's buffer and layout, not
+    the first's: laid out apart (the second split), step 2 had been refused ("compiled for
+    input shardings that disagree"); three laid-out steps equal three unsharded ones."""
+    from autolayout.cost_models.memory import aliased_outputs
+    from autolayout.cost_models.plans import donated_inputs
+
+    seed = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+    def loss_fn(params, state, batch):
+        still, drawn = state
+        noise = jax.random.uniform(jax.random.wrap_key_data(drawn), batch["x"].shape)
+        y = (batch["x"] * noise) @ params["w"]
+        new = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(drawn))[0])
+        return jnp.mean((y - batch["y"]) ** 2), (still, new)
+
+    data = {"x": jax.ShapeDtypeStruct((B, D), jnp.float32),
+            "y": jax.ShapeDtypeStruct((B, 4), jnp.float32)}  # fmt: skip
+    wl = al.train_workload(loss_fn, optax.sgd(0.1), {"w": jax.ShapeDtypeStruct((D, 4), jnp.float32)},
+                           data, lambda rng: {"x": rng.standard_normal((B, D), np.float32),
+                                              "y": rng.standard_normal((B, 4), np.float32)},
+                           state=(seed, seed))  # fmt: skip
+    g = al.trace(wl)
+    by_path = {g.tensors[t].path: t for t in g.inputs}
+    aliased = aliased_outputs(g, donated_inputs(wl, g))
+    assert by_path["state/0"] not in aliased.values()  # returned as it is
+    (new,) = [o for o, i in aliased.items() if i == by_path["state/1"]]
+    assert g.tensors[new].role != "input"
+    drawn = g.tensors[by_path["state/1"]].dims[0]
+    p = al.evaluate(
+        wl, "cpu-8", mesh={"data": 4, "model": 2}, rules={"batch": "data", drawn: "model"}
+    )
+    assert p.layouts[by_path["state/1"]] != p.layouts[by_path["state/0"]]
+    assert run(p, wl, steps=3).losses == pytest.approx(reference_losses(wl, steps=3), rel=1e-5)
+
+
 def test_a_stateful_step_refuses_accumulation_and_a_bare_loss_in_one_line():
     _needs("flax")
     wl = _linen_bn()
