@@ -43,6 +43,7 @@ from .core import (
     list_profiles,
     load_workload,
     mesh_text,
+    mfu_text,
     profile_sources,
     remat_for_plan,
     report_text,
@@ -318,7 +319,7 @@ def _summary_lines(plan) -> list[str]:
         f"step time {s['step_time_s']:.4g} s (compute {s['compute_s']:.4g} s, communication "
         f"{s['comm_s']:.4g} s, exposed {s['exposed_comm_s']:.4g} s; no-overlap bound "
         f"{s['step_time_no_overlap_s']:.4g} s)",
-        f"MFU {s['mfu']:.3f}, memory {_gib(s['memory_bytes_per_device'])} GiB per device of "
+        f"MFU {mfu_text(s['mfu'])}, memory {_gib(s['memory_bytes_per_device'])} GiB per device of "
         f"{s['memory_limit_bytes'] / gib:.3g} GiB{'' if s['fits'] else ' -- DOES NOT FIT'}",
     ]
 
@@ -454,7 +455,7 @@ def _pipeline_lines(p) -> list[str]:
 
         def side(d):
             fits = "fits" if d["fits"] else "does not fit"
-            return (f"{mesh_text(d['mesh'])}: {d['step_time_s']:.4g} s, MFU {d['mfu']:.3f}, "
+            return (f"{mesh_text(d['mesh'])}: {d['step_time_s']:.4g} s, MFU {mfu_text(d['mfu'])}, "
                     f"{d['memory_bytes_per_device'] / 2**30:.3g} GiB ({fits})")  # fmt: skip
 
         if ch["with"] and ch["without"]:

@@ -271,3 +271,12 @@ def test_a_reader_that_left_does_not_cost_the_plan_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.exists()
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+def test_an_mfu_under_a_hundredth_prints_its_digits():
+    """A tiny model on 8 GPUs read ``MFU 0.000`` (a stranger's four models on h100-8), as if
+    the step did no work: below 0.01 an MFU prints two significant digits."""
+    from autolayout.core import mfu_text
+
+    assert [mfu_text(x) for x in (0.3052, 0.0854, 0.0061, 0.00012, 0.0)] == [
+        "0.305", "0.085", "0.0061", "0.00012", "0.000"]  # fmt: skip

@@ -59,6 +59,7 @@ from ._layout import check_layout as check_layout
 from ._layout import local_bytes as local_bytes
 from ._layout import local_shape as local_shape
 from ._layout import mesh_text as mesh_text
+from ._layout import mfu_text as mfu_text
 from ._layout import partition_spec as partition_spec
 from ._layout import replicated as replicated
 from ._layout import split_factor as split_factor

@@ -57,6 +57,12 @@ def mesh_text(mesh: dict[str, int]) -> str:
     return " x ".join(f"{k}={v}" for k, v in mesh.items())
 
 
+def mfu_text(mfu: float) -> str:
+    """An MFU as a report prints it: three decimals, or two significant digits below 0.01
+    (a tiny model on 8 GPUs read ``MFU 0.000``, as if nothing ran)."""
+    return f"{mfu:.3f}" if not 0 < abs(mfu) < 0.01 else f"{mfu:.2g}"
+
+
 def partition_spec(layout: Layout) -> PartitionSpec:
     """The ``jax.sharding.PartitionSpec`` of a layout."""
     return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in layout])

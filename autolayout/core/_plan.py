@@ -14,7 +14,7 @@ import jax
 from ._atomic import atomic_write
 from ._errors import HardwareError, PlanError
 from ._hardware import hardware
-from ._layout import Layout, mesh_text, partition_spec
+from ._layout import Layout, mesh_text, mfu_text, partition_spec
 from ._report import figures, html_page, html_summary, report_frame
 
 PLAN_VERSION = 1
@@ -188,7 +188,7 @@ class Plan:
         mesh = mesh_text(self.mesh)
         return (
             f"Plan({self.status}, {self.model} on {self.hardware}, mesh {mesh}, "
-            f"step {s.get('step_time_s', float('nan')):.4g} s, mfu {s.get('mfu', float('nan')):.3f})"
+            f"step {s.get('step_time_s', float('nan')):.4g} s, mfu {mfu_text(s.get('mfu', float('nan')))})"
         )
 
     # --- files --------------------------------------------------------------------------
