@@ -238,6 +238,36 @@ def canonical(req: Request, choice: list[int]) -> list[int]:
                     peak = p
                     break
             choice[n] = now
+    return _split_inputs(req, choice, local, peak)
+
+
+def _split_inputs(req: Request, choice: list[int], local, peak: float) -> list[int]:
+    """A step input that is not state (the batch) moves to its most split layout whose own
+    and reads' costs are no higher and the peak no higher: a batch read whole by a step that
+    splits it inside costs nothing more on the devices, but every device (every host) is fed
+    the whole batch; two strangers' models had planned their batch whole for that tie
+    (``batch -> data`` only inside the step)."""
+    donated = set(req.structure.donated)
+    mesh = req.machine.mesh
+    for n, node in enumerate(req.nodes):
+        if node.kind != "input" or node.members[0] in donated:
+            continue
+        ways = [math.prod(mesh[a] for axes in req.layouts[st.outs[0]] for a in axes)
+                for st in node.strategies]  # fmt: skip
+        now = choice[n]
+        c0, m0 = local(n)
+        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
+        for s in sorted(req.allowed(n), key=lambda s: (-ways[s], s)):
+            if ways[s] <= ways[now]:
+                break
+            choice[n] = s
+            c, m = local(n)
+            if c <= c0 + tol_c and m <= m0 + tol_m:
+                p = memory_peak(req, choice)[0]
+                if p <= peak:
+                    peak = p
+                    break
+            choice[n] = now
     return choice
 
 
