@@ -204,10 +204,11 @@ def _priced_alike(hand, win: ShapeResult, mesh, layouts, assigns) -> dict | None
 def canonical(req: Request, choice: list[int]) -> list[int]:
     """``choice`` with ties broken by a fixed order: a node moves to a strategy of lower
     position where its own price and its reads' cost neither more compute nor more
-    communication, and the peak memory does not grow. Equal-cost layouts are many (a weight kept
-    whole or split where nothing else changes) and the search, on wall-clock time and
-    several workers, lands on a different one on each run; this makes it one where the
-    search ends inside its limits (where a limit binds, ``deterministic=True`` does)."""
+    communication, and the peak memory does not grow; then a batch input to its most split
+    layout on the same terms. Equal-cost layouts are many (a weight kept whole or split where
+    nothing else changes) and the search, on wall-clock time and several workers, lands on a
+    different one on each run; this makes it one where the search ends inside its limits
+    (where a limit binds, ``deterministic=True`` does)."""
     reads_of: dict[int, list] = {}
     for r in req.reads:
         for n in {r.src, *(n for n, _ in r.readers)}:
@@ -223,51 +224,37 @@ def canonical(req: Request, choice: list[int]) -> list[int]:
 
     choice = list(choice)
     peak = memory_peak(req, choice)[0]
+
+    def move(n: int, candidates) -> None:
+        """Node ``n`` to the first of ``candidates`` where its own price and its reads'
+        cost no more compute nor communication and the peak memory does not grow."""
+        nonlocal peak
+        now = choice[n]
+        c0, m0 = local(n)
+        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
+        for s in candidates:
+            choice[n] = s
+            c, m = local(n)
+            if c <= c0 + tol_c and m <= m0 + tol_m:
+                p = memory_peak(req, choice)[0]
+                if p <= peak:
+                    peak = p
+                    return
+            choice[n] = now
+
     for n in range(len(req.nodes)):
-        now = choice[n]
-        c0, m0 = local(n)
-        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
-        for s in sorted(req.allowed(n)):
-            if s >= now:
-                break
-            choice[n] = s
-            c, m = local(n)
-            if c <= c0 + tol_c and m <= m0 + tol_m:
-                p = memory_peak(req, choice)[0]
-                if p <= peak:
-                    peak = p
-                    break
-            choice[n] = now
-    return _split_inputs(req, choice, local, peak)
-
-
-def _split_inputs(req: Request, choice: list[int], local, peak: float) -> list[int]:
-    """A step input that is not state (the batch) moves to its most split layout whose own
-    and reads' costs are no higher and the peak no higher: a batch read whole by a step that
-    splits it inside costs nothing more on the devices, but every device (every host) is fed
-    the whole batch; two strangers' models had planned their batch whole for that tie
-    (``batch -> data`` only inside the step)."""
-    donated = set(req.structure.donated)
-    mesh = req.machine.mesh
+        move(n, [s for s in sorted(req.allowed(n)) if s < choice[n]])
+    # a step input that is not state (the batch) to its most split layout that costs no
+    # more: a batch read whole by a step that splits it costs nothing more on the devices,
+    # but every device (every host) is fed the whole batch (two strangers' models had
+    # planned their batch whole for that tie: ``batch -> data`` only inside the step)
+    donated, mesh = set(req.structure.donated), req.machine.mesh
     for n, node in enumerate(req.nodes):
-        if node.kind != "input" or node.members[0] in donated:
-            continue
-        ways = [math.prod(mesh[a] for axes in req.layouts[st.outs[0]] for a in axes)
-                for st in node.strategies]  # fmt: skip
-        now = choice[n]
-        c0, m0 = local(n)
-        tol_c, tol_m = 1e-12 * (abs(c0) + 1e-30), 1e-12 * (abs(m0) + 1e-30)
-        for s in sorted(req.allowed(n), key=lambda s: (-ways[s], s)):
-            if ways[s] <= ways[now]:
-                break
-            choice[n] = s
-            c, m = local(n)
-            if c <= c0 + tol_c and m <= m0 + tol_m:
-                p = memory_peak(req, choice)[0]
-                if p <= peak:
-                    peak = p
-                    break
-            choice[n] = now
+        if node.kind == "input" and node.members[0] not in donated:
+            ways = [math.prod(mesh[a] for axes in req.layouts[st.outs[0]] for a in axes)
+                    for st in node.strategies]  # fmt: skip
+            more = [s for s in req.allowed(n) if ways[s] > ways[choice[n]]]
+            move(n, sorted(more, key=lambda s: (-ways[s], s)))
     return choice
 
 
